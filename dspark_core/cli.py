@@ -1,0 +1,105 @@
+"""The ``dspark`` command line: ``dspark generate`` and ``dspark compare``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .compare import Method, compare, machine_info, parse_methods, summarize, timestamp
+from .decoding import GenerationResult, autoregressive_generate, speculative_generate
+from .drafters.registry import DRAFTER_NAMES, build_drafter
+from .policies import FixedLength
+from .prompts import REPO_ROOT, SMOKE_PROMPTS, load_prompt_set
+from .sampling import SamplingConfig
+from .target import DEFAULT_TARGET, encode_prompt, eos_token_ids, load_target
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=DEFAULT_TARGET, help="target: the embedded default, a hub id or a folder")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default)")
+    parser.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1: off)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cpu")
+
+
+def _print_rounds(result: GenerationResult, gamma: int) -> None:
+    print(f"\nnew tokens {len(result.tokens)}  rounds {len(result.rounds)}  tau {result.tau:.2f}  "
+          f"acceptance {result.acceptance_rate:.3f}  tok/s {result.tokens_per_second:.1f}")
+    if gamma:
+        reached, accepted = result.position_counts(gamma)
+        cond = "  ".join(f"{k + 1}:{a}/{r}" for k, (r, a) in enumerate(zip(reached, accepted)) if r)
+        print(f"conditional acceptance per position (accepted/reached): {cond}")
+    draft = sum(r.draft_time for r in result.rounds)
+    verify = sum(r.verify_time for r in result.rounds)
+    print(f"time: prefill {result.prefill_time:.3f}s  draft {draft:.3f}s  verify {verify:.3f}s  total {result.total_time:.3f}s")
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    if args.drafter not in DRAFTER_NAMES:
+        raise ValueError(f"Unknown drafter {args.drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}.")
+    model, tokenizer = load_target(args.model, device=args.device)
+    prompt = encode_prompt(tokenizer, args.prompt)
+    kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, seed=args.seed,
+                  eos_token_ids=eos_token_ids(model, tokenizer))
+    reference = autoregressive_generate(model, prompt, **kwargs).tokens if args.drafter == "oracle" else None
+    drafter = build_drafter(args.drafter, tokenizer, draft_model=args.draft_model, reference=reference, device=args.device)
+    result = speculative_generate(model, prompt, drafter, FixedLength(args.gamma) if drafter else None, **kwargs)
+    print(tokenizer.decode(result.tokens, skip_special_tokens=True))
+    _print_rounds(result, args.gamma if drafter else 0)
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    methods = parse_methods(args.methods)
+    records = load_prompt_set(args.prompts)[: args.n_prompts]
+    model, tokenizer = load_target(args.model, device=args.device)
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = out_dir / f"compare-{timestamp()}"
+    settings = {**vars(args), "func": None, "machine": machine_info()}
+    Path(f"{stem}.json").write_text(json.dumps(settings, indent=2, default=str))
+    rows = compare(model, tokenizer, records, methods, sampling=sampling, max_new_tokens=args.max_new_tokens,
+                   seed=args.seed, out_csv=Path(f"{stem}.csv"))
+    print(summarize(rows).to_string())
+    print(f"\nrows: {stem}.csv  settings: {stem}.json")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dspark", description="Lossless speculative decoding (DSpark).")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate text for one prompt and print round statistics")
+    gen.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
+    gen.add_argument("--drafter", default="ngram", help=f"one of {', '.join(DRAFTER_NAMES)}")
+    gen.add_argument("--gamma", type=int, default=5, help="draft tokens verified per round")
+    gen.add_argument("--draft-model", default=None, help="draft LM for --drafter draft-lm (hub id or folder)")
+    _add_common(gen)
+    gen.set_defaults(func=cmd_generate)
+
+    cmp = sub.add_parser("compare", help="plain vs speculative decoding side by side on a prompt set")
+    cmp.add_argument("--prompts", default=str(SMOKE_PROMPTS), help="JSONL prompt set")
+    cmp.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
+    cmp.add_argument("--methods", default="ngram:3,5,7;oracle:3,5,7", help="drafter:gammas;... (plain always runs)")
+    cmp.add_argument("--out-dir", default=str(REPO_ROOT / "data" / "results"))
+    _add_common(cmp)
+    cmp.set_defaults(func=cmd_compare)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError, RuntimeError) as err:
+        print(f"dspark: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

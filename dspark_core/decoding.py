@@ -1,0 +1,155 @@
+"""The decoding loop: speculative decoding, and plain decoding as its zero-draft special case.
+
+Invariant between rounds: the target's KV cache holds every committed token except the last one,
+the *anchor*. A round drafts after the anchor, runs ONE target forward over
+``[anchor, x_1..x_l]`` (giving ``p_1..p_{l+1}``), verifies, commits the emitted tokens and rolls
+the cache back to ``committed - 1``. With no drafter the forward is over ``[anchor]`` alone and the
+round is exactly one step of ordinary autoregressive decoding, on the same machinery.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import PreTrainedModel
+
+from .drafters.base import Draft, DraftContext, Drafter
+from .policies import FixedLength, VerificationPolicy
+from .sampling import SamplingConfig, probs_from_logits
+from .session import CausalLMSession
+from .verification import AcceptanceRule, verify_chain
+
+
+@dataclass
+class RoundRecord:
+    """One draft-verify round: ``proposed`` drafted, ``verified`` sent to the target, ``accepted``
+    of those kept, ``emitted`` tokens committed (accepted + the residual/bonus token, unless cut)."""
+
+    proposed: int
+    verified: int
+    accepted: int
+    emitted: int
+    draft_time: float
+    verify_time: float
+
+
+@dataclass
+class GenerationResult:
+    """New tokens (prompt excluded) and the per-round records of one generation."""
+
+    prompt_len: int
+    tokens: list[int]
+    rounds: list[RoundRecord] = field(default_factory=list)
+    prefill_time: float = 0.0
+    total_time: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens per round, the bonus/residual token included (plain decoding: 1)."""
+        return len(self.tokens) / max(1, len(self.rounds))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / verified draft tokens (NaN when nothing was verified)."""
+        verified = sum(r.verified for r in self.rounds)
+        return sum(r.accepted for r in self.rounds) / verified if verified else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.total_time if self.total_time > 0 else float("nan")
+
+    def position_counts(self, gamma: int) -> tuple[list[int], list[int]]:
+        """For positions k = 1..gamma: rounds that verified position k given 1..k-1 were accepted,
+        and rounds that accepted it. Their ratio is the conditional acceptance at k."""
+        reached = [sum(1 for r in self.rounds if r.verified >= k and r.accepted >= k - 1) for k in range(1, gamma + 1)]
+        accepted = [sum(1 for r in self.rounds if r.accepted >= k) for k in range(1, gamma + 1)]
+        return reached, accepted
+
+
+def speculative_generate(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor | list[int],
+    drafter: Drafter | None = None,
+    policy: VerificationPolicy | None = None,
+    *,
+    sampling: SamplingConfig = SamplingConfig(),
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    eos_token_ids: tuple[int, ...] = (),
+    rule: AcceptanceRule = "exact",
+) -> GenerationResult:
+    """Generate up to ``max_new_tokens`` after ``prompt_ids`` (1-D, non-empty).
+
+    ``drafter=None`` (or a policy of length 0) is plain autoregressive decoding. The result is
+    seeded: the same arguments give the same tokens. Stops after an EOS token.
+    """
+    prompt = torch.as_tensor(prompt_ids).reshape(-1).tolist()
+    if not prompt:
+        raise ValueError("The prompt is empty: pass at least one token.")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if drafter is not None and policy is None:
+        raise ValueError("Pass a verification policy with the drafter, e.g. FixedLength(gamma=5).")
+    policy = policy or FixedLength(0)
+    feature_layers = drafter.feature_layers if drafter is not None else ()
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    session = CausalLMSession(model, feature_layers)
+    if drafter is not None:
+        drafter.reset()
+
+    start = time.perf_counter()
+    new_features = session.forward(prompt[:-1]).features if len(prompt) > 1 else None
+    result = GenerationResult(prompt_len=len(prompt), tokens=[], prefill_time=time.perf_counter() - start)
+    tokens = list(prompt)
+    while len(result.tokens) < max_new_tokens:
+        budget = max_new_tokens - len(result.tokens)
+        t0 = time.perf_counter()
+        draft = Draft.empty(vocab_size)
+        if drafter is not None and policy.max_draft > 0:
+            context = DraftContext(tokens, len(prompt), new_features, vocab_size)
+            draft = drafter.propose(context, policy.max_draft, sampling, generator)
+        length = policy.verify_length(draft, budget - 1)
+        t1 = time.perf_counter()
+        step = session.forward([tokens[-1]] + draft.tokens[:length].tolist())
+        target_probs = probs_from_logits(step.logits, sampling)
+        verdict = verify_chain(
+            draft.tokens[:length],
+            draft.probs[:length].to(target_probs.device),
+            target_probs,
+            generator,
+            eos_token_ids=eos_token_ids,
+            max_tokens=budget,
+            rule=rule,
+        )
+        session.rollback(len(tokens) + verdict.accepted)
+        t2 = time.perf_counter()
+        if step.features is not None:
+            new_features = step.features[: verdict.accepted + 1]
+        tokens += verdict.tokens
+        result.tokens += verdict.tokens
+        result.rounds.append(
+            RoundRecord(len(draft), length, verdict.accepted, len(verdict.tokens), t1 - t0, t2 - t1)
+        )
+        if verdict.finished:
+            break
+    result.total_time = time.perf_counter() - start
+    return result
+
+
+def autoregressive_generate(
+    model: PreTrainedModel,
+    prompt_ids: torch.Tensor | list[int],
+    *,
+    sampling: SamplingConfig = SamplingConfig(),
+    max_new_tokens: int = 128,
+    seed: int = 0,
+    eos_token_ids: tuple[int, ...] = (),
+) -> GenerationResult:
+    """Plain decoding, one target forward per token: the baseline every speedup is measured against."""
+    return speculative_generate(
+        model, prompt_ids, None, None, sampling=sampling, max_new_tokens=max_new_tokens, seed=seed,
+        eos_token_ids=eos_token_ids,
+    )

@@ -1,0 +1,8 @@
+"""Drafters: all return draft tokens, the exact distributions they were sampled from, and optional confidences."""
+
+from .base import Draft, DraftContext, Drafter
+from .draft_lm import DraftLMDrafter
+from .lookup import NgramDrafter, OracleDrafter
+from .registry import DRAFTER_NAMES, build_drafter
+
+__all__ = ["DRAFTER_NAMES", "build_drafter", "Draft", "DraftContext", "Drafter", "DraftLMDrafter", "NgramDrafter", "OracleDrafter"]

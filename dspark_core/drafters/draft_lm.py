@@ -1,0 +1,70 @@
+"""The classic two-model scheme: a small causal LM with the target's tokenizer drafts autoregressively."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..sampling import SamplingConfig, probs_from_logits, sample
+from ..session import CausalLMSession
+from ..target import tokenizer_fingerprint
+from .base import Draft, DraftContext
+
+
+class DraftLMDrafter:
+    """Samples ``g`` tokens from a draft LM, one forward per token, reusing its KV cache across rounds.
+
+    The draft LM must share the target's tokenizer (checked by fingerprint). Its logits are cut or
+    padded to the target's vocabulary *before* sampling, so ``q`` is exactly what was sampled from.
+    """
+
+    feature_layers: tuple[int, ...] = ()
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        target_tokenizer: PreTrainedTokenizerBase,
+    ):
+        mine, theirs = tokenizer_fingerprint(tokenizer), tokenizer_fingerprint(target_tokenizer)
+        if mine != theirs:
+            raise ValueError(
+                f"The draft LM's tokenizer (fingerprint {mine}) differs from the target's ({theirs}): its token ids "
+                "would mean different text. Use a draft model trained with the target's tokenizer."
+            )
+        self.model = model.eval()
+        self.session = CausalLMSession(model)
+        self.cached: list[int] = []  # the tokens whose keys/values the session holds
+
+    def reset(self) -> None:
+        self.session = CausalLMSession(self.model)
+        self.cached = []
+
+    def _fit_vocab(self, logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        width = logits.shape[-1]
+        if width >= vocab_size:
+            return logits[..., :vocab_size]
+        return torch.nn.functional.pad(logits, (0, vocab_size - width), value=float("-inf"))
+
+    def propose(
+        self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        if max_tokens < 1:
+            return Draft.empty(context.vocab_size)
+        tokens = context.tokens
+        common = 0
+        limit = min(len(self.cached), len(tokens) - 1)  # the anchor is always fed, so the last logits are fresh
+        while common < limit and self.cached[common] == tokens[common]:
+            common += 1
+        self.session.rollback(common)
+        logits = self.session.forward(tokens[common:]).logits[-1]
+        drafted, rows = [], []
+        for k in range(max_tokens):
+            probs = probs_from_logits(self._fit_vocab(logits, context.vocab_size), sampling)
+            token = int(sample(probs, generator))
+            drafted.append(token)
+            rows.append(probs)
+            if k + 1 < max_tokens:
+                logits = self.session.forward([token]).logits[-1]
+        self.cached = tokens + drafted[:-1]
+        return Draft(tokens=torch.tensor(drafted, dtype=torch.long), probs=torch.stack(rows))

@@ -1,0 +1,72 @@
+"""Logits to probabilities under temperature / top-k / top-p, for draft and target alike.
+
+Losslessness needs the verifier to compare the target's processed distribution ``p`` with the
+exact distribution ``q`` each draft token was sampled from; routing both through
+:func:`probs_from_logits` with the same :class:`SamplingConfig` guarantees they are processed the
+same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How tokens are chosen. ``temperature == 0`` is greedy (a one-hot distribution on the argmax).
+
+    top_k: keep the k most likely tokens (0 keeps all).
+    top_p: keep the smallest set of most likely tokens whose mass reaches top_p (1.0 keeps all).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 means greedy), got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1] (1 disables it), got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probs_from_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+    """Probabilities ``[..., V]`` (float32, rows sum to 1) from logits ``[..., V]``.
+
+    Ties in greedy mode go to the lowest token id, as ``torch.argmax`` and ``model.generate`` do.
+    """
+    logits = logits.float()
+    if config.greedy:
+        return one_hot(logits.argmax(dim=-1), logits.shape[-1])
+    logits = logits / config.temperature
+    if config.top_k and config.top_k < logits.shape[-1]:
+        kth = torch.topk(logits, config.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if config.top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        drop_sorted = mass_before >= config.top_p  # the first token is always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        probs = probs.masked_fill(drop, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """One-hot distributions ``[..., V]`` (float32) for token ids ``[...]``: the ``q`` of a deterministic draft."""
+    return torch.nn.functional.one_hot(tokens.long(), vocab_size).float()
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token id per row of ``probs`` ``[..., V]``; returns ``[...]``."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

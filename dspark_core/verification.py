@@ -1,0 +1,117 @@
+"""Chain verification: the exact speculative-sampling acceptance rule, and one labelled lossy rule.
+
+Exact rule (Leviathan et al. 2023; Chen et al. 2023), left to right over draft tokens
+``x_1..x_l`` sampled from ``q_1..q_l``, with target distributions ``p_1..p_{l+1}``:
+
+* accept ``x_k`` with probability ``min(1, p_k(x_k) / q_k(x_k))`` (``q_k(x_k) = 0`` rejects);
+* at the first rejection emit a token from the residual ``norm(max(0, p_k - q_k))`` and stop;
+* if all ``l`` are accepted, emit a bonus token from ``p_{l+1}``.
+
+Each emitted token is then distributed exactly as the target's. A one-hot ``q`` (argmax or
+n-gram drafts) is a special case: accept with probability ``p_k(x_k)``, else sample from ``p_k``
+with ``x_k`` removed. Under greedy decoding ``p`` is one-hot too and the rule reduces to "accept
+while the draft equals the target's argmax".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from .sampling import sample
+
+AcceptanceRule = Literal["exact", "lossy-threshold"]
+
+
+@dataclass
+class Verdict:
+    """Outcome of one verification.
+
+    accepted: how many draft tokens were accepted (and emitted).
+    tokens:   the emitted tokens: accepted drafts, then the residual or bonus token, cut after the
+              first end-of-sequence token and at ``max_tokens``.
+    finished: an end-of-sequence token was emitted or ``max_tokens`` was reached.
+    """
+
+    accepted: int
+    tokens: list[int]
+    finished: bool
+
+
+def verify_chain(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    eos_token_ids: tuple[int, ...] = (),
+    max_tokens: int | None = None,
+    rule: AcceptanceRule = "exact",
+    threshold: float = 0.1,
+) -> Verdict:
+    """Verify ``l`` draft tokens against the target.
+
+    draft_tokens: [l] token ids.
+    draft_probs:  [l, V] the exact distributions the draft tokens were sampled from.
+    target_probs: [l + 1, V] target distributions, processed with the same sampling settings.
+    rule: ``"exact"`` (lossless) or ``"lossy-threshold"``, the popular tutorial rule "accept if
+          r < p(x) and p(x) > threshold, else resample from p". It ignores ``q`` and does NOT
+          preserve the target distribution; it exists to measure that error.
+    """
+    num_draft = draft_tokens.shape[0]
+    if target_probs.shape[0] != num_draft + 1:
+        raise ValueError(f"target_probs needs {num_draft + 1} rows for {num_draft} draft tokens, got {target_probs.shape[0]}")
+    if rule not in ("exact", "lossy-threshold"):
+        raise ValueError(f"unknown acceptance rule {rule!r}; use 'exact' or 'lossy-threshold'")
+    uniforms = torch.rand(num_draft, generator=generator, device=target_probs.device)
+    tokens = draft_tokens.tolist()
+    accepted = 0
+    for k, token in enumerate(tokens):
+        if not uniforms[k] < acceptance_probability(target_probs[k, token], draft_probs[k, token], rule, threshold):
+            break
+        accepted += 1
+    if accepted < num_draft:
+        fallback = rejection_distribution(target_probs[accepted], draft_probs[accepted], rule)
+    else:
+        fallback = target_probs[num_draft]
+    next_token = int(sample(fallback, generator))
+    return _cut(tokens[:accepted] + [next_token], accepted, eos_token_ids, max_tokens)
+
+
+def acceptance_probability(
+    p_x: torch.Tensor, q_x: torch.Tensor, rule: AcceptanceRule = "exact", threshold: float = 0.1
+) -> torch.Tensor:
+    """Probability of accepting a draft token with target probability ``p_x`` and draft probability ``q_x``.
+
+    exact: ``min(1, p_x / q_x)``, and 0 when ``q_x == 0`` (the token cannot have come from ``q``).
+    lossy-threshold: ``p_x`` if ``p_x > threshold`` else 0.
+    """
+    if rule == "lossy-threshold":
+        return torch.where(p_x > threshold, p_x, torch.zeros_like(p_x))
+    return torch.where(q_x > 0, torch.clamp(p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), max=1.0), 0.0)
+
+
+def rejection_distribution(p: torch.Tensor, q: torch.Tensor, rule: AcceptanceRule = "exact") -> torch.Tensor:
+    """Distribution ``[V]`` of the token emitted after rejecting at a position: the residual (exact) or ``p`` (lossy)."""
+    return residual(p, q) if rule == "exact" else p
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``norm(max(0, p - q))``; falls back to ``p`` when it is all zero (only reachable if ``p == q``)."""
+    r = (p - q).clamp_min(0.0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def _cut(tokens: list[int], accepted: int, eos_token_ids: tuple[int, ...], max_tokens: int | None) -> Verdict:
+    """Cut emitted tokens after the first EOS and at ``max_tokens``."""
+    finished = False
+    for i, token in enumerate(tokens):
+        if token in eos_token_ids:
+            tokens, finished = tokens[: i + 1], True
+            break
+    if max_tokens is not None and len(tokens) >= max_tokens:
+        tokens, finished = tokens[:max_tokens], True
+    return Verdict(accepted=min(accepted, len(tokens)), tokens=tokens, finished=finished)

