@@ -1,0 +1,38 @@
+"""Every notebook executes headlessly under papermill with small parameters; a failing cell fails the test."""
+
+from pathlib import Path
+
+import papermill as pm
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+SMALL = {
+    "01_theory.ipynb": dict(n_random_pairs=50, n_samples=3000, n_sim_rounds=20000, n_timing_repeats=3, max_gamma=7,
+                            timing_token_counts=[1, 2, 4, 8], n_lossy_samples=3000),
+    "02_implementation.ipynb": dict(n_prompts=2, gammas=[1, 4], max_new_tokens=24, reference_new_tokens=16, gamma=4,
+                                    wrong_position=2),
+}
+
+
+def test_every_notebook_has_small_parameters():
+    assert sorted(p.name for p in NOTEBOOKS.glob("*.ipynb")) == sorted(SMALL)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL))
+def test_notebook_executes(name, tmp_path):
+    pm.execute_notebook(
+        NOTEBOOKS / name,
+        tmp_path / name,
+        parameters={**SMALL[name], "figures_dir": str(tmp_path)},
+        cwd=str(NOTEBOOKS),
+        kernel_name="python3",
+        progress_bar=False,
+    )
+    assert any(tmp_path.glob("*.png")), "the notebook wrote no figure"
+
+
+def test_bad_parameter_is_reported(tmp_path):
+    with pytest.raises(pm.PapermillExecutionError, match="n_samples"):
+        pm.execute_notebook(NOTEBOOKS / "01_theory.ipynb", tmp_path / "bad.ipynb", parameters={"n_samples": 10},
+                            cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False)
