@@ -69,6 +69,24 @@ def cmd_compare(args: argparse.Namespace) -> None:
     print(f"\nrows: {stem}.csv  settings: {stem}.json")
 
 
+def cmd_data(args: argparse.Namespace) -> None:
+    from . import distill, train_prompts
+
+    if args.action == "prompts":
+        records = train_prompts.generate_train_prompts()
+        path = train_prompts.write_prompt_set(records, Path(args.prompts))
+        print(f"wrote {len(records)} training prompts to {path} (python {train_prompts.python_version()})")
+        return
+    records = load_prompt_set(args.prompts)[: args.n_prompts]
+    model, tokenizer = load_target(args.model, device=args.device)
+    settings = distill.DistillSettings(args.temperature, args.top_p, args.max_new_tokens, args.batch_size, args.seed)
+    out_dir = Path(args.out_dir)
+    if args.action == "generate":
+        distill.generate(model, tokenizer, records, out_dir, settings)
+    path = distill.pack(model, tokenizer, records, Path(args.prompts), out_dir, settings)
+    print(f"packed {path}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dspark", description="Lossless speculative decoding (DSpark).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +106,26 @@ def build_parser() -> argparse.ArgumentParser:
     cmp.add_argument("--out-dir", default=str(REPO_ROOT / "data" / "results"))
     _add_common(cmp)
     cmp.set_defaults(func=cmd_compare)
+
+    from .distill import DISTILL_DIR, DistillSettings
+    from .train_prompts import TRAIN_PROMPTS
+
+    defaults = DistillSettings()
+    data = sub.add_parser("data", help="training data: write the prompts, self-distil answers, pack them")
+    data.add_argument("action", choices=["prompts", "generate", "pack"],
+                      help="prompts: write the training prompt set; generate: answer it with the target "
+                           "(resumable) and pack; pack: pack what is answered so far")
+    data.add_argument("--prompts", default=str(TRAIN_PROMPTS), help="training prompt set (JSONL)")
+    data.add_argument("--n-prompts", type=int, default=None, help="answer only the first N prompts")
+    data.add_argument("--out-dir", default=str(DISTILL_DIR))
+    data.add_argument("--model", default=DEFAULT_TARGET)
+    data.add_argument("--temperature", type=float, default=defaults.temperature)
+    data.add_argument("--top-p", type=float, default=defaults.top_p)
+    data.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
+    data.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    data.add_argument("--seed", type=int, default=defaults.seed)
+    data.add_argument("--device", default="cpu")
+    data.set_defaults(func=cmd_data)
     return parser
 
 

@@ -103,6 +103,27 @@ def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
+def target_fingerprint(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> str:
+    """A short hash of the architecture, the tokenizer and a probe of the embedding weights.
+
+    Data and drafters record it, so that they are never silently used with another target.
+    """
+    config = model.config
+    # the sign pattern of a slice of the embeddings survives dtype changes (fp32 / bf16 / fp16 copies agree)
+    probe = (model.get_input_embeddings().weight[:256].detach().cpu() > 0).numpy().tobytes()
+    payload = json.dumps(
+        {
+            "model_type": config.model_type,
+            "hidden_size": config.hidden_size,
+            "layers": config.num_hidden_layers,
+            "vocab_size": config.vocab_size,
+            "tokenizer": tokenizer_fingerprint(tokenizer),
+            "embedding_probe": hashlib.sha256(probe).hexdigest(),
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
 def encode_prompt(tokenizer: PreTrainedTokenizerBase, prompt: str | list[dict[str, str]]) -> torch.Tensor:
     """Token ids (1-D LongTensor) of a prompt after the tokenizer's chat template.
 
