@@ -47,7 +47,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
     kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, seed=args.seed,
                   eos_token_ids=eos_token_ids(model, tokenizer))
     reference = autoregressive_generate(model, prompt, **kwargs).tokens if args.drafter == "oracle" else None
-    drafter = build_drafter(args.drafter, tokenizer, draft_model=args.draft_model, reference=reference, device=args.device)
+    drafter = build_drafter(args.drafter, model, tokenizer, draft_model=args.draft_model, reference=reference)
     result = speculative_generate(model, prompt, drafter, FixedLength(args.gamma) if drafter else None, **kwargs)
     print(tokenizer.decode(result.tokens, skip_special_tokens=True))
     _print_rounds(result, args.gamma if drafter else 0)
@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
     gen.add_argument("--drafter", default="ngram", help=f"one of {', '.join(DRAFTER_NAMES)}")
     gen.add_argument("--gamma", type=int, default=5, help="draft tokens verified per round")
-    gen.add_argument("--draft-model", default=None, help="draft LM for --drafter draft-lm (hub id or folder)")
+    gen.add_argument("--draft-model", default=None, help="checkpoint for --drafter draft-lm (a causal LM: hub id or folder) "
+                                                               "or dflash / dspark (a trained drafter folder)")
     _add_common(gen)
     gen.set_defaults(func=cmd_generate)
 

@@ -121,7 +121,7 @@ def compare(
             plain = autoregressive_generate(model, prompt, **kwargs)
             new_rows = [_row(record, plain_method, plain, plain)]
             for method in methods:
-                drafter = build_drafter(method.drafter, tokenizer, reference=plain.tokens)
+                drafter = build_drafter(method.drafter, model, tokenizer, reference=plain.tokens)
                 result = speculative_generate(model, prompt, drafter, FixedLength(method.gamma), **kwargs)
                 new_rows.append(_row(record, method, result, plain))
             rows += new_rows

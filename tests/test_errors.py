@@ -34,11 +34,12 @@ def test_drafter_without_policy(target, prompts):
 
 def test_unknown_drafter(target):
     with pytest.raises(ValueError, match="Unknown drafter 'eagle9'.*ngram"):
-        build_drafter("eagle9", target[1])
-    with pytest.raises(ValueError, match="needs a draft model"):
-        build_drafter("draft-lm", target[1])
+        build_drafter("eagle9", *target)
+    for name in ("draft-lm", "dflash", "dspark"):
+        with pytest.raises(ValueError, match=f"The {name} drafter needs a checkpoint"):
+            build_drafter(name, *target)
     with pytest.raises(ValueError, match="reference continuation"):
-        build_drafter("oracle", target[1])
+        build_drafter("oracle", *target)
 
 
 def test_draft_lm_with_another_tokenizer(target):

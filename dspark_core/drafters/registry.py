@@ -4,27 +4,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from transformers import PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..target import load_target
 from .base import Drafter
+from .block import load_block_drafter
 from .draft_lm import DraftLMDrafter
 from .lookup import NgramDrafter, OracleDrafter
 
-DRAFTER_NAMES = ("none", "ngram", "draft-lm", "oracle")
+DRAFTER_NAMES = ("none", "ngram", "draft-lm", "oracle", "dflash", "dspark")
 
 
 def build_drafter(
     name: str,
+    target_model: PreTrainedModel,
     target_tokenizer: PreTrainedTokenizerBase,
     *,
     draft_model: str | None = None,
     reference: Sequence[int] | None = None,
-    device: str = "cpu",
 ) -> Drafter | None:
     """A drafter by name (``None`` for ``"none"``, plain decoding).
 
-    draft-lm needs ``draft_model`` (a Hugging Face id or folder with the target's tokenizer);
+    draft-lm needs ``draft_model``, a Hugging Face id or folder of a causal LM with the target's
+    tokenizer; dflash and dspark need ``draft_model``, a trained drafter folder for this target;
     oracle needs ``reference``, the continuation it will propose.
     """
     if name == "none":
@@ -35,9 +37,14 @@ def build_drafter(
         if reference is None:
             raise ValueError("The oracle drafter needs a reference continuation (e.g. the target's greedy output).")
         return OracleDrafter(reference)
-    if name == "draft-lm":
+    if name in ("draft-lm", "dflash", "dspark"):
         if not draft_model:
-            raise ValueError("The draft-lm drafter needs a draft model: pass --draft-model <hub id or folder>.")
-        model, tokenizer = load_target(draft_model, device=device)
+            raise ValueError(f"The {name} drafter needs a checkpoint: pass --draft-model <folder or hub id>.")
+        if name != "draft-lm":
+            drafter = load_block_drafter(draft_model, target_model, target_tokenizer)
+            if drafter.drafter.config.kind != name:
+                raise ValueError(f"{draft_model} holds a {drafter.drafter.config.kind} drafter, not {name}.")
+            return drafter
+        model, tokenizer = load_target(draft_model, device=str(target_model.device))
         return DraftLMDrafter(model, tokenizer, target_tokenizer)
     raise ValueError(f"Unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}.")

@@ -1,0 +1,65 @@
+"""DSpark training loss (paper eq. 8-12): 0.1 CE + 0.9 TV + 1.0 BCE-confidence, position-weighted.
+
+Shapes: ``[..., g]`` per block position, ``[..., g, Vd]`` over the draft vocabulary. The target's
+distribution ``p_t`` lives on the full vocabulary; restricted to the draft vocabulary it is
+``p_t_draft`` and the mass it puts outside is ``p_t_outside`` (where the draft has q = 0).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+LOSS_WEIGHTS = {"ce": 0.1, "tv": 0.9, "conf": 1.0}
+
+
+def position_weights(block_size: int) -> torch.Tensor:
+    """w_k = exp(-(k - 1) / g) for k = 1..g."""
+    return torch.exp(-torch.arange(block_size, dtype=torch.float32) / block_size)
+
+
+def l1_distance(p_draft: torch.Tensor, p_t_draft: torch.Tensor, p_t_outside: torch.Tensor) -> torch.Tensor:
+    """||p_d - p_t||_1 over the full vocabulary, with p_d zero outside the draft vocabulary."""
+    return (p_draft - p_t_draft).abs().sum(-1) + p_t_outside
+
+
+def soft_acceptance(l1: torch.Tensor) -> torch.Tensor:
+    """c*_k = 1 - ||p_d - p_t||_1 / 2: the probability the exact rule accepts a token drawn from p_d."""
+    return 1.0 - 0.5 * l1
+
+
+def drafter_loss(
+    draft_logits: torch.Tensor,
+    confidences: torch.Tensor | None,
+    p_t_draft: torch.Tensor,
+    p_t_outside: torch.Tensor,
+    labels: torch.Tensor,
+    weights: dict[str, float] = LOSS_WEIGHTS,
+) -> dict[str, torch.Tensor]:
+    """Loss terms averaged over blocks, each summed over positions with weights w_k.
+
+    draft_logits: [..., g, Vd]; confidences: [..., g] or None (no confidence head);
+    p_t_draft: [..., g, Vd]; p_t_outside: [..., g]; labels: [..., g] draft-vocab index of the
+    target-written next token, Vd when it lies outside the draft vocabulary (no CE term then).
+    """
+    g, vd = draft_logits.shape[-2], draft_logits.shape[-1]
+    w = position_weights(g).to(draft_logits.device)
+    log_p = F.log_softmax(draft_logits.float(), dim=-1)
+    inside = labels < vd
+    ce = -(log_p.gather(-1, labels.clamp(max=vd - 1)[..., None]).squeeze(-1) * inside)
+    l1 = l1_distance(log_p.exp(), p_t_draft, p_t_outside)
+    terms = {"ce": ce, "tv": l1}
+    if confidences is not None:
+        label = soft_acceptance(l1.detach()).clamp(0.0, 1.0)
+        terms["conf"] = F.binary_cross_entropy(confidences.float().clamp(1e-6, 1 - 1e-6), label, reduction="none")
+    out = {name: (value * w).sum(-1).mean() for name, value in terms.items()}
+    out["loss"] = sum(weights[name] * value for name, value in out.items())
+    return out
+
+
+def expected_tau(acceptance: torch.Tensor) -> torch.Tensor:
+    """1 + sum_k prod_{i<=k} a_i for per-position conditional acceptance a [..., g]."""
+    return 1.0 + torch.cumprod(acceptance, dim=-1).sum(-1)
+
+
+__all__ = ["LOSS_WEIGHTS", "drafter_loss", "expected_tau", "l1_distance", "position_weights", "soft_acceptance"]

@@ -1,0 +1,158 @@
+"""Parallel drafters (dflash / dspark): losslessness with untrained weights, save/load, clear errors, losses."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+from tokenizers import Tokenizer
+from tokenizers.models import WordLevel
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from dspark_core import verification
+from dspark_core import FixedLength, SamplingConfig, autoregressive_generate, speculative_generate
+from dspark_core.cli import main
+from dspark_core.drafters.block import BlockDrafter, load_block_drafter
+from dspark_core.models import DrafterConfig, ParallelDrafter, drafter_loss, l1_distance, position_weights, soft_acceptance
+from dspark_core.target import target_fingerprint, tokenizer_fingerprint
+
+HEADS = {"dflash": "none", "dspark-markov": "markov", "dspark-rnn": "rnn"}
+
+
+def drafter_for(model, tokenizer, name: str, **overrides) -> ParallelDrafter:
+    torch.manual_seed(0)
+    cfg = model.config
+    settings = dict(
+        kind="dflash" if name == "dflash" else "dspark", head=HEADS[name], block_size=5, draft_vocab_size=1024,
+        hidden_size=cfg.hidden_size, target_hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
+        num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.hidden_size // cfg.num_attention_heads,
+        intermediate_size=2 * cfg.hidden_size, target_vocab_size=cfg.vocab_size, rank=16,
+        feature_layers=(1, cfg.num_hidden_layers // 2, cfg.num_hidden_layers),
+        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), target_fingerprint=target_fingerprint(model, tokenizer),
+    )
+    settings.update(overrides)
+    drafter = ParallelDrafter(DrafterConfig(**settings))
+    if drafter.config.kind == "dspark":
+        torch.nn.init.normal_(drafter.w2.weight, std=0.5)  # make the sequential head matter
+    return drafter
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_untrained_drafter_is_lossless_greedy(target, prompts, eos, name):
+    model, tokenizer = target
+    drafter = BlockDrafter(drafter_for(model, tokenizer, name), model, tokenizer)
+    for prompt in prompts[:2]:
+        plain = autoregressive_generate(model, prompt, max_new_tokens=24, eos_token_ids=eos)
+        result = speculative_generate(model, prompt, drafter, FixedLength(5), max_new_tokens=24, eos_token_ids=eos)
+        assert result.tokens == plain.tokens
+        assert all(r.proposed == 5 for r in result.rounds[:-1])
+
+
+def tiny_target():
+    torch.manual_seed(1)
+    vocab = {f"t{i}": i for i in range(16)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")))
+    config = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(6.0)  # spread over most of the 16 tokens, far from the draft
+    return model, tokenizer
+
+
+def test_dspark_first_token_distribution_matches_target_at_temperature_1(monkeypatch):
+    """Chi-square (p > 1e-3) of the first emitted token over N = 3000 seeded generations.
+
+    The drafter's reduced vocabulary (12 of 16 tokens) makes q = 0 for some tokens the target likes;
+    the same statistic with the residual replaced by p must fail (p < 1e-6)."""
+    model, tokenizer = tiny_target()
+    drafter = drafter_for(model, tokenizer, "dspark-markov", draft_vocab_size=12, rank=8, block_size=4,
+                          tokenizer_fingerprint="", target_fingerprint="")
+    block = BlockDrafter(drafter, model, tokenizer)
+    prompt = [3, 7, 1, 9, 4]
+    with torch.no_grad():
+        p = torch.softmax(model(torch.tensor([prompt])).logits[0, -1].double(), -1).numpy()
+    n = 3000
+
+    def first_tokens() -> np.ndarray:
+        counts = np.zeros(16)
+        for seed in range(n):
+            out = speculative_generate(model, prompt, block, FixedLength(4), sampling=SamplingConfig(1.0),
+                                       max_new_tokens=5, seed=seed)  # room for the whole block: all 4 are verified
+            assert out.rounds[0].verified == 4
+            counts[out.tokens[0]] += 1
+        return counts
+
+    def pvalue(counts: np.ndarray) -> float:
+        keep = p * n >= 5
+        observed, expected = counts[keep], p[keep] * n
+        if not keep.all():  # pool the rare tokens into one cell
+            observed, expected = np.append(observed, counts[~keep].sum()), np.append(expected, p[~keep].sum() * n)
+        return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+
+    assert pvalue(first_tokens()) > 1e-3
+    monkeypatch.setattr(verification, "residual", lambda p_row, q_row: p_row)
+    assert pvalue(first_tokens()) < 1e-6
+
+
+def test_loading_for_another_target_fails(target, tmp_path):
+    model, tokenizer = target
+    with pytest.raises(ValueError, match="hidden size 64 vs the target's 576"):
+        BlockDrafter(drafter_for(model, tokenizer, "dflash", hidden_size=64, target_hidden_size=64, num_heads=4,
+                                 num_kv_heads=2, head_dim=16), model, tokenizer)
+    with pytest.raises(ValueError, match="vocabulary 32000"):
+        BlockDrafter(drafter_for(model, tokenizer, "dflash", target_vocab_size=32000), model, tokenizer)
+    with pytest.raises(ValueError, match="tokenizer fingerprint deadbeef"):
+        BlockDrafter(drafter_for(model, tokenizer, "dflash", tokenizer_fingerprint="deadbeef"), model, tokenizer)
+
+
+def test_save_load_roundtrip_and_truncated_checkpoint(target, prompts, eos, tmp_path):
+    model, tokenizer = target
+    drafter = drafter_for(model, tokenizer, "dspark-rnn")
+    drafter.save_pretrained(tmp_path / "ok")
+    loaded = load_block_drafter(tmp_path / "ok", model, tokenizer)
+    for name, tensor in drafter.state_dict().items():
+        assert torch.equal(tensor, loaded.drafter.state_dict()[name]), name
+    vocab = model.config.vocab_size
+    assert all(vocab not in t.shape for t in loaded.drafter.state_dict().values()), "the target's embedding was saved"
+    weights = tmp_path / "ok" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_block_drafter(tmp_path / "ok", model, tokenizer)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        load_block_drafter(tmp_path / "missing", model, tokenizer)
+
+
+def test_loss_terms_match_hand_computation():
+    # one block of g = 2 over a draft vocabulary of 3; the target puts 0.1 outside it at position 1
+    p_t = torch.tensor([[0.5, 0.3, 0.1], [0.2, 0.2, 0.6]])
+    outside = torch.tensor([0.1, 0.0])
+    p_d = torch.tensor([[0.6, 0.2, 0.2], [0.2, 0.2, 0.6]])
+    l1 = l1_distance(p_d, p_t, outside)
+    assert l1.tolist() == pytest.approx([0.1 + 0.1 + 0.1 + 0.1, 0.0])
+    assert soft_acceptance(l1).tolist() == pytest.approx([0.8, 1.0])
+    assert position_weights(2).tolist() == pytest.approx([1.0, math.exp(-0.5)])
+
+    labels = torch.tensor([1, 3])  # position 2's token lies outside the draft vocabulary: no CE term
+    conf = torch.tensor([0.5, 0.9])
+    terms = drafter_loss(p_d.log(), conf, p_t, outside, labels)
+    w2 = math.exp(-0.5)
+    assert float(terms["ce"]) == pytest.approx(-math.log(0.2))
+    assert float(terms["tv"]) == pytest.approx(0.4)
+    bce1 = -(0.8 * math.log(0.5) + 0.2 * math.log(0.5))
+    bce2 = -(1.0 * math.log(0.9))
+    assert float(terms["conf"]) == pytest.approx(bce1 + w2 * bce2, rel=1e-5)
+    assert float(terms["loss"]) == pytest.approx(0.1 * -math.log(0.2) + 0.9 * 0.4 + bce1 + w2 * bce2, rel=1e-5)
+    assert "conf" not in drafter_loss(p_d.log(), None, p_t, outside, labels)
+
+
+def test_cli_generate_with_a_drafter_checkpoint(target, tmp_path, capsys):
+    model, tokenizer = target
+    drafter_for(model, tokenizer, "dspark-markov").save_pretrained(tmp_path / "dspark")
+    args = ["generate", "--prompt", "Name a colour.", "--gamma", "5", "--max-new-tokens", "8",
+            "--draft-model", str(tmp_path / "dspark")]
+    assert main(args + ["--drafter", "dspark"]) == 0
+    assert "conditional acceptance per position" in capsys.readouterr().out
+    assert main(args + ["--drafter", "dflash"]) == 2
+    assert "holds a dspark drafter, not dflash" in capsys.readouterr().err
