@@ -87,6 +87,25 @@ def cmd_data(args: argparse.Namespace) -> None:
     print(f"packed {path}")
 
 
+def cmd_train(args: argparse.Namespace) -> None:
+    from . import distill
+    from .features import build_feature_cache
+    from .train import TrainConfig, train
+
+    config = TrainConfig(
+        drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
+        feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
+        steps=args.steps, batch_size=args.batch_size, blocks_per_seq=args.blocks_per_seq, lr=args.lr,
+        warmup=min(args.warmup, args.steps), val_fraction=args.val_fraction, seed=args.seed,
+        save_every=args.save_every,
+    )
+    data = distill.load(Path(args.data))
+    model, tokenizer = load_target(args.model, device=args.device)
+    cache = build_feature_cache(model, tokenizer, data, config.feature_layers)
+    drafter = train(config, model, tokenizer, data, cache, Path(args.out))
+    print(f"saved {config.drafter} drafter ({sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters) to {args.out}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dspark", description="Lossless speculative decoding (DSpark).")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -127,6 +146,33 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--seed", type=int, default=defaults.seed)
     data.add_argument("--device", default="cpu")
     data.set_defaults(func=cmd_data)
+
+    from .train import TrainConfig
+
+    tc = TrainConfig()
+    trn = sub.add_parser("train", help="train a dflash or dspark drafter on the self-distillation data")
+    trn.add_argument("--drafter", choices=["dflash", "dspark"], default=tc.drafter)
+    trn.add_argument("--head", choices=["markov", "rnn"], default=tc.head, help="dspark's sequential head")
+    trn.add_argument("--layers", type=int, default=tc.layers, help="drafter depth (transformer layers)")
+    trn.add_argument("--block", type=int, default=tc.block, help="gamma: tokens drafted per round")
+    trn.add_argument("--feature-layers", type=int, nargs="+", default=list(tc.feature_layers),
+                     help="target hidden_states indices fused into the context (0 = embeddings)")
+    trn.add_argument("--draft-vocab", type=int, default=tc.draft_vocab, help="reduced draft vocabulary size")
+    trn.add_argument("--rank", type=int, default=tc.rank, help="Markov embedding / RNN state width r")
+    trn.add_argument("--loss", choices=["dspark", "ce"], default=tc.loss)
+    trn.add_argument("--steps", type=int, default=tc.steps)
+    trn.add_argument("--batch-size", type=int, default=tc.batch_size, help="sequences per step")
+    trn.add_argument("--blocks-per-seq", type=int, default=tc.blocks_per_seq)
+    trn.add_argument("--lr", type=float, default=tc.lr)
+    trn.add_argument("--warmup", type=int, default=tc.warmup)
+    trn.add_argument("--val-fraction", type=float, default=tc.val_fraction)
+    trn.add_argument("--save-every", type=int, default=tc.save_every)
+    trn.add_argument("--seed", type=int, default=tc.seed)
+    trn.add_argument("--data", default=str(DISTILL_DIR), help="packed self-distillation data folder")
+    trn.add_argument("--out", required=True, help="run folder: checkpoints, loss.csv, the trained drafter")
+    trn.add_argument("--model", default=DEFAULT_TARGET)
+    trn.add_argument("--device", default="cpu")
+    trn.set_defaults(func=cmd_train)
     return parser
 
 

@@ -189,6 +189,25 @@ class ParallelDrafter(PreTrainedModel):
         """U_k over the draft vocabulary: [..., d] -> [..., Vd]."""
         return hidden @ self.target_part("head").T
 
+    def forward(
+        self,
+        features: torch.Tensor,
+        anchors: torch.Tensor,
+        anchor_pos: torch.Tensor,
+        ctx_visible: torch.Tensor,
+        prev_tokens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Teacher-forced training pass over n blocks per sequence.
+
+        features: [B, T, m, d_t] target features of the context; anchors, anchor_pos: [B, n];
+        ctx_visible: [B, n, T]; prev_tokens: [B, n, g] (anchor, x*_1 .. x*_{g-1}).
+        Returns draft logits [B, n, g, Vd] and confidences [B, n, g] (None for dflash).
+        """
+        ctx = self.fuse_context(features)
+        positions = torch.arange(ctx.shape[1], device=ctx.device).expand(ctx.shape[0], -1)
+        hidden = self.block_states(anchors, anchor_pos, self.context_kv(ctx, positions), ctx_visible)
+        return self.teacher_forced(hidden, prev_tokens)
+
     # ------------------------------------------------------------------------- DSpark heads
     def head_step(
         self, hidden: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None

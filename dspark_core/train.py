@@ -1,0 +1,290 @@
+"""Training parallel drafters (dflash / dspark) on the feature cache, under ``accelerate``.
+
+Each step samples sequences from the training split and ``blocks_per_seq`` random anchors in each
+(from the last prompt token on, as in decoding), builds teacher-forced blocks, and minimises the
+DSpark loss (or CE only, for ablations). Everything needed to continue is saved every
+``save_every`` steps (``accelerate`` state + step), so an interrupted run resumes where it stopped;
+the loss curve goes to ``loss.csv`` and the finished drafter to ``config.json`` + ``model.safetensors``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import shutil
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from accelerate import Accelerator
+from safetensors.torch import load_file as load_torch_file
+from safetensors.torch import save_file
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .compare import machine_info
+from .distill import DistillData
+from .features import FeatureCache
+from .models import DrafterConfig, ParallelDrafter, drafter_loss
+from .models.losses import LOSS_WEIGHTS, soft_acceptance
+from .target import target_fingerprint, tokenizer_fingerprint
+
+
+@dataclass
+class TrainConfig:
+    """One experiment. ``loss`` is ``dspark`` (0.1 CE + 0.9 TV + 1.0 BCE) or ``ce`` (CE, + BCE for dspark)."""
+
+    drafter: str = "dspark"
+    head: str = "markov"
+    layers: int = 1
+    block: int = 7
+    feature_layers: tuple[int, ...] = (2, 15, 28)
+    draft_vocab: int = 8192
+    rank: int = 256
+    loss: str = "dspark"
+    steps: int = 2000
+    batch_size: int = 8
+    blocks_per_seq: int = 8
+    lr: float = 1e-3
+    warmup: int = 100
+    val_fraction: float = 0.05
+    log_every: int = 20
+    save_every: int = 200
+    seed: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.loss not in ("dspark", "ce"):
+            raise ValueError(f"loss must be 'dspark' or 'ce', got {self.loss!r}")
+        if self.drafter == "dflash":
+            self.head = "none"
+        for name in ("layers", "block", "steps", "batch_size", "blocks_per_seq", "draft_vocab"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+
+
+def split_indices(n: int, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A fixed train / held-out split of sequence indices."""
+    order = np.random.default_rng(seed).permutation(n)
+    n_val = int(round(n * val_fraction))
+    return np.sort(order[n_val:]), np.sort(order[:n_val])
+
+
+def frequent_tokens(data: DistillData, size: int) -> torch.Tensor:
+    """The ``size`` most frequent response tokens (ties by id): the draft vocabulary, as target ids."""
+    counts = Counter(t for r in data.responses for t in r)
+    ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
+    ranked += [t for t in range(size + len(ranked)) if t not in counts][: size - len(ranked)]
+    return torch.tensor(sorted(ranked), dtype=torch.long)
+
+
+def make_batch(cache: FeatureCache, rows: np.ndarray, blocks: int, g: int, rng: np.random.Generator) -> dict:
+    """Teacher-forced blocks for the sequences ``rows`` (those too short for one block are skipped).
+
+    Returns tensors: features [B, T, m, d_t], anchors / anchor_pos [B, n], ctx_visible [B, n, T],
+    prev_tokens / next_tokens [B, n, g], final [B, n, g, d_t] and lse [B, n, g] at the positions
+    whose target distribution each draft position imitates (anchor_pos + k - 1).
+    """
+    m = len(cache.layers)
+    picks = []
+    for i in rows:
+        start, end = int(cache.offsets[i]), int(cache.offsets[i + 1])
+        low, high = max(1, int(cache.prompt_lens[i]) - 1), end - start - 1 - g  # tokens a+1..a+g must exist
+        if high >= low:
+            picks.append((start, np.sort(rng.integers(low, high + 1, size=blocks))))
+    if not picks:
+        raise ValueError("no sequence in the batch is long enough for one block; lower --block")
+    width = max(int(a.max()) for _, a in picks)  # context needed: positions before the last anchor
+    k = np.arange(g)
+    feats, anchors, visible, prev, nxt, final, lse = [], [], [], [], [], [], []
+    for start, a in picks:
+        f = np.zeros((width, m, cache.hidden.shape[-1]), dtype=np.float32)
+        f[: int(a.max())] = cache.hidden[start : start + int(a.max()), :m]
+        feats.append(f)
+        anchors.append(a)
+        visible.append(np.arange(width)[None, :] < a[:, None])
+        at = start + a[:, None] + k  # [n, g] flat indices of anchor + k
+        prev.append(cache.tokens[at])
+        nxt.append(cache.tokens[at + 1])
+        final.append(cache.hidden[at, m].astype(np.float32))
+        lse.append(cache.lse[at])
+    batch = {
+        "features": feats, "anchor_pos": anchors, "ctx_visible": visible, "prev_tokens": prev,
+        "next_tokens": nxt, "final": final, "lse": lse,
+    }
+    out = {name: torch.from_numpy(np.stack(v)) for name, v in batch.items()}
+    out["anchors"] = out["prev_tokens"][..., 0].long()
+    for name in ("anchor_pos", "prev_tokens", "next_tokens"):
+        out[name] = out[name].long()
+    return out
+
+
+def target_probs_on_draft_vocab(drafter: ParallelDrafter, final: torch.Tensor, lse: torch.Tensor):
+    """p_t restricted to the draft vocabulary [..., Vd] and the mass outside it [...]."""
+    p = torch.exp(final @ drafter.target_part("head").T - lse[..., None])
+    return p, (1.0 - p.sum(-1)).clamp_min(0.0)
+
+
+def compute_loss(drafter: ParallelDrafter, model: torch.nn.Module, batch: dict, loss: str) -> dict[str, torch.Tensor]:
+    """Loss terms of one batch; ``model`` is ``drafter`` or its accelerate-wrapped version."""
+    logits, confidences = model(batch["features"], batch["anchors"], batch["anchor_pos"], batch["ctx_visible"],
+                                batch["prev_tokens"])
+    p_t, outside = target_probs_on_draft_vocab(drafter, batch["final"], batch["lse"])
+    weights = LOSS_WEIGHTS if loss == "dspark" else {"ce": 1.0, "tv": 0.0, "conf": 1.0}
+    return drafter_loss(logits, confidences, p_t, outside, drafter.to_draft_ids(batch["next_tokens"]), weights)
+
+
+@torch.no_grad()
+def held_out_acceptance(drafter: ParallelDrafter, cache: FeatureCache, rows: np.ndarray, g: int, seed: int = 0) -> np.ndarray:
+    """Mean analytic acceptance 1 - ||p_d - p_t||_1 / 2 per position on held-out sequences
+    (teacher-forced: the prefix is the target's own text, as when positions 1..k-1 were accepted)."""
+    rng = np.random.default_rng(seed)
+    total, count = torch.zeros(g), 0
+    for chunk in np.array_split(rows, max(1, len(rows) // 8)):
+        batch = make_batch(cache, chunk, 4, g, rng)
+        logits, _ = drafter(batch["features"], batch["anchors"], batch["anchor_pos"], batch["ctx_visible"],
+                            batch["prev_tokens"])
+        p_t, outside = target_probs_on_draft_vocab(drafter, batch["final"], batch["lse"])
+        l1 = (torch.softmax(logits, -1) - p_t).abs().sum(-1) + outside
+        total += soft_acceptance(l1).flatten(0, 1).sum(0)
+        count += l1.shape[0] * l1.shape[1]
+    return (total / max(1, count)).numpy()
+
+
+def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                        data: DistillData) -> ParallelDrafter:
+    """A fresh drafter sized like one target layer, bound to the target, with its draft vocabulary."""
+    tc = model.config
+    drafter = ParallelDrafter(DrafterConfig(
+        kind=config.drafter, head=config.head, block_size=config.block, num_layers=config.layers,
+        hidden_size=tc.hidden_size, num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
+        head_dim=getattr(tc, "head_dim", tc.hidden_size // tc.num_attention_heads),
+        intermediate_size=tc.intermediate_size, rms_norm_eps=tc.rms_norm_eps,
+        rope_theta=float(getattr(tc, "rope_parameters", {}).get("rope_theta", 10000.0)),
+        feature_layers=config.feature_layers, draft_vocab_size=config.draft_vocab, rank=config.rank,
+        target_hidden_size=tc.hidden_size, target_vocab_size=model.get_output_embeddings().weight.shape[0],
+        target_fingerprint=target_fingerprint(model, tokenizer), tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+    ))
+    drafter.draft_token_ids.copy_(frequent_tokens(data, config.draft_vocab))
+    drafter.attach_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+    return drafter
+
+
+def save_training_state(folder: Path, drafter: ParallelDrafter, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Weights and AdamW moments in safetensors, the rest in JSON (no pickle); written atomically."""
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(tmp / "drafter.safetensors"))
+    state = optimizer.state_dict()
+    tensors = {f"{i}.{name}": value for i, slots in state["state"].items() for name, value in slots.items()
+               if torch.is_tensor(value) and value.dim() > 0}
+    scalars = {f"{i}.{name}": float(value) for i, slots in state["state"].items() for name, value in slots.items()
+               if not (torch.is_tensor(value) and value.dim() > 0)}
+    save_file(tensors, str(tmp / "optimizer.safetensors"))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "scalars": scalars, "param_groups": state["param_groups"]}))
+    if folder.exists():
+        shutil.rmtree(folder)
+    tmp.rename(folder)
+
+
+def load_training_state(folder: Path, drafter: ParallelDrafter, optimizer: torch.optim.Optimizer) -> int:
+    """Restore what :func:`save_training_state` wrote; returns the step to continue from."""
+    drafter.load_state_dict(load_torch_file(str(folder / "drafter.safetensors")))
+    meta = json.loads((folder / "state.json").read_text())
+    slots: dict[int, dict] = {}
+    for key, value in load_torch_file(str(folder / "optimizer.safetensors")).items():
+        index, name = key.split(".", 1)
+        slots.setdefault(int(index), {})[name] = value
+    for key, value in meta["scalars"].items():
+        index, name = key.split(".", 1)
+        slots.setdefault(int(index), {})[name] = torch.tensor(value)
+    optimizer.load_state_dict({"state": slots, "param_groups": meta["param_groups"]})
+    return int(meta["step"])
+
+
+def train(
+    config: TrainConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: DistillData,
+    cache: FeatureCache,
+    out_dir: Path,
+) -> ParallelDrafter:
+    """Train (or resume) a drafter into ``out_dir``; returns the trained drafter bound to the target."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    accelerator = Accelerator()
+    torch.manual_seed(config.seed)
+    drafter = build_drafter_model(config, model, tokenizer, data)
+    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
+
+    def schedule(step: int) -> float:
+        if step < config.warmup:
+            return (step + 1) / config.warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - config.warmup) / max(1, config.steps - config.warmup)))
+
+    state_dir = out_dir / "state"
+    step = load_training_state(state_dir, drafter, optimizer) if (state_dir / "state.json").is_file() else 0
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=step - 1)
+    wrapped, optimizer, scheduler = accelerator.prepare(drafter, optimizer, scheduler)
+    train_rows, val_rows = split_indices(len(cache), config.val_fraction)
+    meta = {
+        "config": asdict(config), "target_fingerprint": target_fingerprint(model, tokenizer),
+        "data": {k: data.meta.get(k) for k in ("prompt_file", "prompt_file_sha256", "n_answered", "response_tokens")},
+        "feature_cache": cache.folder.name, "train_sequences": len(train_rows), "val_sequences": len(val_rows),
+        "machine": machine_info(),
+    }
+    (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    log_path = out_dir / "loss.csv"
+    fields = ["step", "loss", "ce", "tv", "conf", "lr", "blocks_per_s"]
+    if step == 0 or not log_path.is_file():
+        with log_path.open("w", newline="") as f:
+            csv.writer(f).writerow(fields)
+    device = accelerator.device
+    wrapped.train()
+    bar = tqdm(total=config.steps, initial=step, desc=f"train {config.drafter}-{config.head}", unit="step",
+               disable=not accelerator.is_main_process)
+    sums: Counter = Counter()
+    tic = time.perf_counter()
+    while step < config.steps:
+        rng = np.random.default_rng([config.seed, step, accelerator.process_index])  # resume-safe sampling
+        rows = rng.choice(train_rows, size=config.batch_size, replace=False)
+        batch = {k: v.to(device) for k, v in make_batch(cache, rows, config.blocks_per_seq, config.block, rng).items()}
+        terms = compute_loss(drafter, wrapped, batch, config.loss)
+        accelerator.backward(terms["loss"])
+        accelerator.clip_grad_norm_(wrapped.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        step += 1
+        bar.update(1)
+        sums.update({k: float(v.detach()) for k, v in terms.items()})
+        sums["n"] += 1
+        if step % config.log_every == 0 or step == config.steps:
+            rate = sums["n"] * config.batch_size * config.blocks_per_seq / (time.perf_counter() - tic)
+            row = [step] + [sums[k] / sums["n"] for k in ("loss", "ce", "tv", "conf")] + [scheduler.get_last_lr()[0], rate]
+            if accelerator.is_main_process:
+                with log_path.open("a", newline="") as f:
+                    csv.writer(f).writerow([f"{x:.5g}" if isinstance(x, float) else x for x in row])
+                bar.set_postfix(loss=f"{row[1]:.3f}", tv=f"{row[3]:.3f}")
+            sums, tic = Counter(), time.perf_counter()
+        if step % config.save_every == 0 or step == config.steps:
+            accelerator.wait_for_everyone()
+            if accelerator.is_main_process:
+                save_training_state(state_dir, accelerator.unwrap_model(wrapped), optimizer.optimizer
+                                    if hasattr(optimizer, "optimizer") else optimizer, step)
+    bar.close()
+    drafter = accelerator.unwrap_model(wrapped).eval()
+    if accelerator.is_main_process:
+        drafter.save_pretrained(out_dir)
+        if len(val_rows):
+            acceptance = held_out_acceptance(drafter, cache, val_rows, config.block)
+            meta["held_out_acceptance"] = acceptance.round(4).tolist()
+            meta["held_out_expected_tau"] = float(1 + np.cumprod(acceptance).sum())
+            (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    return drafter
