@@ -150,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .train import TrainConfig
 
     tc = TrainConfig()
-    trn = sub.add_parser("train", help="train a dflash or dspark drafter on the self-distillation data")
-    trn.add_argument("--drafter", choices=["dflash", "dspark"], default=tc.drafter)
+    trn = sub.add_parser("train", help="train an eagle, dflash or dspark drafter on the self-distillation data")
+    trn.add_argument("--drafter", choices=["eagle", "dflash", "dspark"], default=tc.drafter)
     trn.add_argument("--head", choices=["markov", "rnn"], default=tc.head, help="dspark's sequential head")
     trn.add_argument("--layers", type=int, default=tc.layers, help="drafter depth (transformer layers)")
     trn.add_argument("--block", type=int, default=tc.block, help="gamma: tokens drafted per round")

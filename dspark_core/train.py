@@ -29,8 +29,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .compare import machine_info
 from .distill import DistillData
 from .features import FeatureCache
-from .models import DrafterConfig, ParallelDrafter, drafter_loss
+from .models import DrafterConfig, EagleDrafter, ParallelDrafter, drafter_loss
 from .models.losses import LOSS_WEIGHTS, soft_acceptance
+from .models.parallel import TargetBoundDrafter
 from .target import target_fingerprint, tokenizer_fingerprint
 
 
@@ -60,7 +61,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.loss not in ("dspark", "ce"):
             raise ValueError(f"loss must be 'dspark' or 'ce', got {self.loss!r}")
-        if self.drafter == "dflash":
+        if self.drafter not in ("eagle", "dflash", "dspark"):
+            raise ValueError(f"drafter must be eagle, dflash or dspark, got {self.drafter!r}")
+        if self.drafter != "dspark":
             self.head = "none"
         for name in ("layers", "block", "steps", "batch_size", "blocks_per_seq", "draft_vocab"):
             if getattr(self, name) < 1:
@@ -87,12 +90,12 @@ def frequent_tokens(data: DistillData, size: int) -> torch.Tensor:
 def make_batch(cache: FeatureCache, rows: np.ndarray, blocks: int, g: int, rng: np.random.Generator) -> dict:
     """Teacher-forced blocks for the sequences ``rows`` (those too short for one block are skipped).
 
-    Returns tensors: features [B, T, m, d_t], anchors / anchor_pos [B, n], ctx_visible [B, n, T],
+    Returns tensors: features [B, T, m, d_t], ctx_next_tokens [B, T] (x_{t+1}), anchors / anchor_pos [B, n], ctx_visible [B, n, T],
     prev_tokens / next_tokens [B, n, g], final [B, n, g, d_t] and lse [B, n, g] at the positions
     whose target distribution each draft position imitates (anchor_pos + k - 1).
     """
     m = len(cache.layers)
-    picks = []
+    picks = []  # (flat start of the sequence, its sorted anchors)
     for i in rows:
         start, end = int(cache.offsets[i]), int(cache.offsets[i + 1])
         low, high = max(1, int(cache.prompt_lens[i]) - 1), end - start - 1 - g  # tokens a+1..a+g must exist
@@ -102,11 +105,15 @@ def make_batch(cache: FeatureCache, rows: np.ndarray, blocks: int, g: int, rng: 
         raise ValueError("no sequence in the batch is long enough for one block; lower --block")
     width = max(int(a.max()) for _, a in picks)  # context needed: positions before the last anchor
     k = np.arange(g)
-    feats, anchors, visible, prev, nxt, final, lse = [], [], [], [], [], [], []
+    feats, ctx_next, anchors, visible, prev, nxt, final, lse = [], [], [], [], [], [], [], []
     for start, a in picks:
         f = np.zeros((width, m, cache.hidden.shape[-1]), dtype=np.float32)
         f[: int(a.max())] = cache.hidden[start : start + int(a.max()), :m]
         feats.append(f)
+        follow = np.zeros(width, dtype=cache.tokens.dtype)  # x_{t+1}; positions at or past its anchors are unused
+        seen = cache.tokens[start + 1 : start + 1 + int(a.max())]
+        follow[: len(seen)] = seen
+        ctx_next.append(follow)
         anchors.append(a)
         visible.append(np.arange(width)[None, :] < a[:, None])
         at = start + a[:, None] + k  # [n, g] flat indices of anchor + k
@@ -115,41 +122,45 @@ def make_batch(cache: FeatureCache, rows: np.ndarray, blocks: int, g: int, rng: 
         final.append(cache.hidden[at, m].astype(np.float32))
         lse.append(cache.lse[at])
     batch = {
-        "features": feats, "anchor_pos": anchors, "ctx_visible": visible, "prev_tokens": prev,
+        "features": feats, "ctx_next_tokens": ctx_next, "anchor_pos": anchors, "ctx_visible": visible, "prev_tokens": prev,
         "next_tokens": nxt, "final": final, "lse": lse,
     }
     out = {name: torch.from_numpy(np.stack(v)) for name, v in batch.items()}
     out["anchors"] = out["prev_tokens"][..., 0].long()
-    for name in ("anchor_pos", "prev_tokens", "next_tokens"):
+    for name in ("ctx_next_tokens", "anchor_pos", "prev_tokens", "next_tokens"):
         out[name] = out[name].long()
     return out
 
 
-def target_probs_on_draft_vocab(drafter: ParallelDrafter, final: torch.Tensor, lse: torch.Tensor):
+def drafter_inputs(batch: dict) -> dict:
+    """The part of a batch that a drafter's training forward takes."""
+    names = ("features", "ctx_next_tokens", "anchors", "anchor_pos", "ctx_visible", "prev_tokens")
+    return {name: batch[name] for name in names}
+
+
+def target_probs_on_draft_vocab(drafter: TargetBoundDrafter, final: torch.Tensor, lse: torch.Tensor):
     """p_t restricted to the draft vocabulary [..., Vd] and the mass outside it [...]."""
     p = torch.exp(final @ drafter.target_part("head").T - lse[..., None])
     return p, (1.0 - p.sum(-1)).clamp_min(0.0)
 
 
-def compute_loss(drafter: ParallelDrafter, model: torch.nn.Module, batch: dict, loss: str) -> dict[str, torch.Tensor]:
+def compute_loss(drafter: TargetBoundDrafter, model: torch.nn.Module, batch: dict, loss: str) -> dict[str, torch.Tensor]:
     """Loss terms of one batch; ``model`` is ``drafter`` or its accelerate-wrapped version."""
-    logits, confidences = model(batch["features"], batch["anchors"], batch["anchor_pos"], batch["ctx_visible"],
-                                batch["prev_tokens"])
+    logits, confidences = model(**drafter_inputs(batch))
     p_t, outside = target_probs_on_draft_vocab(drafter, batch["final"], batch["lse"])
     weights = LOSS_WEIGHTS if loss == "dspark" else {"ce": 1.0, "tv": 0.0, "conf": 1.0}
     return drafter_loss(logits, confidences, p_t, outside, drafter.to_draft_ids(batch["next_tokens"]), weights)
 
 
 @torch.no_grad()
-def held_out_acceptance(drafter: ParallelDrafter, cache: FeatureCache, rows: np.ndarray, g: int, seed: int = 0) -> np.ndarray:
+def held_out_acceptance(drafter: TargetBoundDrafter, cache: FeatureCache, rows: np.ndarray, g: int, seed: int = 0) -> np.ndarray:
     """Mean analytic acceptance 1 - ||p_d - p_t||_1 / 2 per position on held-out sequences
     (teacher-forced: the prefix is the target's own text, as when positions 1..k-1 were accepted)."""
     rng = np.random.default_rng(seed)
     total, count = torch.zeros(g), 0
     for chunk in np.array_split(rows, max(1, len(rows) // 8)):
         batch = make_batch(cache, chunk, 4, g, rng)
-        logits, _ = drafter(batch["features"], batch["anchors"], batch["anchor_pos"], batch["ctx_visible"],
-                            batch["prev_tokens"])
+        logits, _ = drafter(**drafter_inputs(batch))
         p_t, outside = target_probs_on_draft_vocab(drafter, batch["final"], batch["lse"])
         l1 = (torch.softmax(logits, -1) - p_t).abs().sum(-1) + outside
         total += soft_acceptance(l1).flatten(0, 1).sum(0)
@@ -158,10 +169,11 @@ def held_out_acceptance(drafter: ParallelDrafter, cache: FeatureCache, rows: np.
 
 
 def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                        data: DistillData) -> ParallelDrafter:
+                        data: DistillData) -> TargetBoundDrafter:
     """A fresh drafter sized like one target layer, bound to the target, with its draft vocabulary."""
     tc = model.config
-    drafter = ParallelDrafter(DrafterConfig(
+    cls = EagleDrafter if config.drafter == "eagle" else ParallelDrafter
+    drafter = cls(DrafterConfig(
         kind=config.drafter, head=config.head, block_size=config.block, num_layers=config.layers,
         hidden_size=tc.hidden_size, num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
         head_dim=getattr(tc, "head_dim", tc.hidden_size // tc.num_attention_heads),
@@ -176,7 +188,7 @@ def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: 
     return drafter
 
 
-def save_training_state(folder: Path, drafter: ParallelDrafter, optimizer: torch.optim.Optimizer, step: int) -> None:
+def save_training_state(folder: Path, drafter: TargetBoundDrafter, optimizer: torch.optim.Optimizer, step: int) -> None:
     """Weights and AdamW moments in safetensors, the rest in JSON (no pickle); written atomically."""
     tmp = folder.with_name(folder.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
@@ -193,7 +205,7 @@ def save_training_state(folder: Path, drafter: ParallelDrafter, optimizer: torch
     tmp.rename(folder)
 
 
-def load_training_state(folder: Path, drafter: ParallelDrafter, optimizer: torch.optim.Optimizer) -> int:
+def load_training_state(folder: Path, drafter: TargetBoundDrafter, optimizer: torch.optim.Optimizer) -> int:
     """Restore what :func:`save_training_state` wrote; returns the step to continue from."""
     drafter.load_state_dict(load_torch_file(str(folder / "drafter.safetensors")))
     meta = json.loads((folder / "state.json").read_text())
@@ -215,7 +227,7 @@ def train(
     data: DistillData,
     cache: FeatureCache,
     out_dir: Path,
-) -> ParallelDrafter:
+) -> TargetBoundDrafter:
     """Train (or resume) a drafter into ``out_dir``; returns the trained drafter bound to the target."""
     out_dir.mkdir(parents=True, exist_ok=True)
     accelerator = Accelerator()

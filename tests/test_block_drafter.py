@@ -11,20 +11,20 @@ from tokenizers.models import WordLevel
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from dspark_core import verification
-from dspark_core import FixedLength, SamplingConfig, autoregressive_generate, speculative_generate
+from dspark_core import DraftContext, FixedLength, SamplingConfig, autoregressive_generate, speculative_generate
 from dspark_core.cli import main
-from dspark_core.drafters.block import BlockDrafter, load_block_drafter
-from dspark_core.models import DrafterConfig, ParallelDrafter, drafter_loss, l1_distance, position_weights, soft_acceptance
+from dspark_core.drafters.trained import BlockDrafter, EagleServing, load_trained_drafter
+from dspark_core.models import DrafterConfig, EagleDrafter, ParallelDrafter, TargetBoundDrafter, drafter_loss, l1_distance, position_weights, soft_acceptance
 from dspark_core.target import target_fingerprint, tokenizer_fingerprint
 
-HEADS = {"dflash": "none", "dspark-markov": "markov", "dspark-rnn": "rnn"}
+HEADS = {"eagle": "none", "dflash": "none", "dspark-markov": "markov", "dspark-rnn": "rnn"}
 
 
-def drafter_for(model, tokenizer, name: str, **overrides) -> ParallelDrafter:
+def drafter_for(model, tokenizer, name: str, **overrides) -> TargetBoundDrafter:
     torch.manual_seed(0)
     cfg = model.config
     settings = dict(
-        kind="dflash" if name == "dflash" else "dspark", head=HEADS[name], block_size=5, draft_vocab_size=1024,
+        kind=name.split("-")[0], head=HEADS[name], block_size=5, draft_vocab_size=1024,
         hidden_size=cfg.hidden_size, target_hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
         num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.hidden_size // cfg.num_attention_heads,
         intermediate_size=2 * cfg.hidden_size, target_vocab_size=cfg.vocab_size, rank=16,
@@ -32,7 +32,7 @@ def drafter_for(model, tokenizer, name: str, **overrides) -> ParallelDrafter:
         tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), target_fingerprint=target_fingerprint(model, tokenizer),
     )
     settings.update(overrides)
-    drafter = ParallelDrafter(DrafterConfig(**settings))
+    drafter = (EagleDrafter if name == "eagle" else ParallelDrafter)(DrafterConfig(**settings))
     if drafter.config.kind == "dspark":
         torch.nn.init.normal_(drafter.w2.weight, std=0.5)  # make the sequential head matter
     return drafter
@@ -41,7 +41,8 @@ def drafter_for(model, tokenizer, name: str, **overrides) -> ParallelDrafter:
 @pytest.mark.parametrize("name", HEADS)
 def test_untrained_drafter_is_lossless_greedy(target, prompts, eos, name):
     model, tokenizer = target
-    drafter = BlockDrafter(drafter_for(model, tokenizer, name), model, tokenizer)
+    serving = EagleServing if name == "eagle" else BlockDrafter
+    drafter = serving(drafter_for(model, tokenizer, name), model, tokenizer)
     for prompt in prompts[:2]:
         plain = autoregressive_generate(model, prompt, max_new_tokens=24, eos_token_ids=eos)
         result = speculative_generate(model, prompt, drafter, FixedLength(5), max_new_tokens=24, eos_token_ids=eos)
@@ -111,7 +112,7 @@ def test_save_load_roundtrip_and_truncated_checkpoint(target, prompts, eos, tmp_
     model, tokenizer = target
     drafter = drafter_for(model, tokenizer, "dspark-rnn")
     drafter.save_pretrained(tmp_path / "ok")
-    loaded = load_block_drafter(tmp_path / "ok", model, tokenizer)
+    loaded = load_trained_drafter(tmp_path / "ok", model, tokenizer)
     for name, tensor in drafter.state_dict().items():
         assert torch.equal(tensor, loaded.drafter.state_dict()[name]), name
     vocab = model.config.vocab_size
@@ -119,9 +120,9 @@ def test_save_load_roundtrip_and_truncated_checkpoint(target, prompts, eos, tmp_
     weights = tmp_path / "ok" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(ValueError, match="truncated or corrupt"):
-        load_block_drafter(tmp_path / "ok", model, tokenizer)
+        load_trained_drafter(tmp_path / "ok", model, tokenizer)
     with pytest.raises(ValueError, match="truncated or corrupt"):
-        load_block_drafter(tmp_path / "missing", model, tokenizer)
+        load_trained_drafter(tmp_path / "missing", model, tokenizer)
 
 
 def test_loss_terms_match_hand_computation():
@@ -156,3 +157,27 @@ def test_cli_generate_with_a_drafter_checkpoint(target, tmp_path, capsys):
     assert "conditional acceptance per position" in capsys.readouterr().out
     assert main(args + ["--drafter", "dflash"]) == 2
     assert "holds a dspark drafter, not dflash" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", HEADS)
+def test_training_forward_matches_inference_drafting(target, prompts, name):
+    """The teacher-forced training pass, fed the tokens the serving path sampled (temperature 1),
+    reproduces the distributions it sampled them from (for eagle: training-time test = inference)."""
+    model, tokenizer = target
+    drafter = drafter_for(model, tokenizer, name)
+    serving = (EagleServing if name == "eagle" else BlockDrafter)(drafter, model, tokenizer)
+    tokens = prompts[2].tolist() + [28, 253, 1345, 30, 42, 7]
+    layers = drafter.config.feature_layers
+    with torch.no_grad():
+        hidden = model(input_ids=torch.tensor([tokens]), output_hidden_states=True).hidden_states
+    features = torch.stack([hidden[i][0] for i in layers], dim=1)  # [T, m, d]
+    a = len(tokens) - 3
+    draft = serving.propose(DraftContext(tokens[: a + 1], len(prompts[2]), features[:a], len(tokenizer)), 5,
+                            SamplingConfig(1.0), torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, _ = drafter(features[None, :a], torch.tensor([tokens[1 : a + 1]]), torch.tensor([[tokens[a]]]),
+                            torch.tensor([[a]]), torch.ones(1, 1, a, dtype=torch.bool),
+                            torch.tensor([[[tokens[a]] + draft.tokens[:-1].tolist()]]))
+    ids = drafter.draft_token_ids
+    assert torch.allclose(torch.softmax(logits[0, 0], -1), draft.probs[:, ids], atol=1e-5)
+    assert float(draft.probs.sum(-1).sub(1).abs().max()) < 1e-5 and float(draft.probs[:, ids].sum(-1).min()) > 0.999

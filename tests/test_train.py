@@ -9,7 +9,7 @@ import torch
 from dspark_core import FixedLength, autoregressive_generate, speculative_generate
 from dspark_core import train as train_module
 from dspark_core.distill import DistillData, load
-from dspark_core.drafters.block import load_block_drafter
+from dspark_core.drafters.trained import load_trained_drafter
 from dspark_core.features import build_feature_cache
 from dspark_core.train import TrainConfig, train
 
@@ -72,7 +72,22 @@ def test_quick_recipe_trains_resumes_and_serves(target, tiny, prompts, eos, tmp_
     meta = json.loads((tmp_path / "straight" / "train_meta.json").read_text())
     assert len(meta["held_out_acceptance"]) == 4 and meta["target_fingerprint"]
 
-    drafter = load_block_drafter(tmp_path / "straight", model, tokenizer)
+    drafter = load_trained_drafter(tmp_path / "straight", model, tokenizer)
     plain = autoregressive_generate(model, prompts[0], max_new_tokens=16, eos_token_ids=eos)
     spec = speculative_generate(model, prompts[0], drafter, FixedLength(4), max_new_tokens=16, eos_token_ids=eos)
     assert spec.tokens == plain.tokens
+
+
+@pytest.mark.parametrize("kind", ["eagle", "dflash"])
+def test_other_kinds_train_and_serve(target, tiny, prompts, eos, tmp_path, kind):
+    model, tokenizer = target
+    data, cache = tiny
+    config = TrainConfig(**{**QUICK, "drafter": kind, "steps": 4, "save_every": 4, "log_every": 2})
+    trained = train(config, model, tokenizer, data, cache, tmp_path)
+    assert trained.config.kind == kind and trained.config.head == "none"
+    rows = list(csv.DictReader((tmp_path / "loss.csv").open()))
+    assert len(rows) == 2 and all(float(r["tv"]) > 0 for r in rows)
+    drafter = load_trained_drafter(tmp_path, model, tokenizer)
+    plain = autoregressive_generate(model, prompts[1], max_new_tokens=12, eos_token_ids=eos)
+    assert speculative_generate(model, prompts[1], drafter, FixedLength(4), max_new_tokens=12,
+                                eos_token_ids=eos).tokens == plain.tokens

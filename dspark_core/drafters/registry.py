@@ -8,11 +8,11 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..target import load_target
 from .base import Drafter
-from .block import load_block_drafter
+from .trained import load_trained_drafter
 from .draft_lm import DraftLMDrafter
 from .lookup import NgramDrafter, OracleDrafter
 
-DRAFTER_NAMES = ("none", "ngram", "draft-lm", "oracle", "dflash", "dspark")
+DRAFTER_NAMES = ("none", "ngram", "draft-lm", "oracle", "eagle", "dflash", "dspark")
 
 
 def build_drafter(
@@ -26,7 +26,7 @@ def build_drafter(
     """A drafter by name (``None`` for ``"none"``, plain decoding).
 
     draft-lm needs ``draft_model``, a Hugging Face id or folder of a causal LM with the target's
-    tokenizer; dflash and dspark need ``draft_model``, a trained drafter folder for this target;
+    tokenizer; eagle, dflash and dspark need ``draft_model``, a trained drafter folder for this target;
     oracle needs ``reference``, the continuation it will propose.
     """
     if name == "none":
@@ -37,11 +37,11 @@ def build_drafter(
         if reference is None:
             raise ValueError("The oracle drafter needs a reference continuation (e.g. the target's greedy output).")
         return OracleDrafter(reference)
-    if name in ("draft-lm", "dflash", "dspark"):
+    if name in ("draft-lm", "eagle", "dflash", "dspark"):
         if not draft_model:
             raise ValueError(f"The {name} drafter needs a checkpoint: pass --draft-model <folder or hub id>.")
         if name != "draft-lm":
-            drafter = load_block_drafter(draft_model, target_model, target_tokenizer)
+            drafter = load_trained_drafter(draft_model, target_model, target_tokenizer)
             if drafter.drafter.config.kind != name:
                 raise ValueError(f"{draft_model} holds a {drafter.drafter.config.kind} drafter, not {name}.")
             return drafter

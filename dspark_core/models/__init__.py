@@ -2,7 +2,8 @@
 
 from .config import DrafterConfig
 from .losses import drafter_loss, expected_tau, l1_distance, position_weights, soft_acceptance
-from .parallel import ParallelDrafter
+from .eagle import EagleDrafter
+from .parallel import ParallelDrafter, TargetBoundDrafter
 
-__all__ = ["DrafterConfig", "ParallelDrafter", "drafter_loss", "expected_tau", "l1_distance", "position_weights",
+__all__ = ["DrafterConfig", "EagleDrafter", "ParallelDrafter", "TargetBoundDrafter", "drafter_loss", "expected_tau", "l1_distance", "position_weights",
            "soft_acceptance"]

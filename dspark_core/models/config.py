@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
-KINDS = ("dflash", "dspark")
+KINDS = ("eagle", "dflash", "dspark")
 HEADS = ("none", "markov", "rnn")
 
 
 class DrafterConfig(PretrainedConfig):
     """A parallel block drafter conditioned on a frozen target.
 
-    kind:  ``dflash`` (parallel backbone only) or ``dspark`` (backbone + sequential head + confidence head).
-    head:  ``none`` (dflash), ``markov`` (low-rank first-order transition, paper eq. 5) or ``rnn`` (eq. 6).
+    kind:  ``eagle`` (autoregressive head on fused target features), ``dflash`` (parallel backbone
+           only) or ``dspark`` (backbone + sequential head + confidence head).
+    head:  ``none`` (eagle, dflash), ``markov`` (low-rank first-order transition, paper eq. 5) or ``rnn`` (eq. 6).
     block_size: gamma, tokens drafted per round (anchor + gamma - 1 mask tokens give gamma logits).
     feature_layers: indices into the target's ``hidden_states`` tuple whose states are fused (eq. 2).
     draft_vocab_size: size of the reduced draft vocabulary (most frequent target tokens); its target
@@ -47,8 +48,8 @@ class DrafterConfig(PretrainedConfig):
     ):
         if kind not in KINDS:
             raise ValueError(f"Unknown drafter kind {kind!r}; choose one of {KINDS}.")
-        if head not in HEADS or (kind == "dflash") != (head == "none"):
-            raise ValueError(f"kind {kind!r} needs head 'none' (dflash) or 'markov'/'rnn' (dspark), got {head!r}.")
+        if head not in HEADS or (kind == "dspark") == (head == "none"):
+            raise ValueError(f"kind {kind!r} needs head 'none' (eagle, dflash) or 'markov'/'rnn' (dspark), got {head!r}.")
         if block_size < 1 or num_layers < 1 or draft_vocab_size < 2 or rank < 1:
             raise ValueError("block_size, num_layers, rank must be >= 1 and draft_vocab_size >= 2.")
         self.kind, self.head, self.block_size, self.num_layers = kind, head, block_size, num_layers

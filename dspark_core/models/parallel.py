@@ -76,22 +76,28 @@ class DraftLayer(nn.Module):
 
     def forward(
         self, x: torch.Tensor, pos: torch.Tensor, ctx_kv: tuple[torch.Tensor, torch.Tensor], mask: torch.Tensor
-    ) -> torch.Tensor:
-        """x: [B, N, d] block states at positions pos [B, N]; mask: [B, N, T + N] (True = may attend)."""
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x: [B, N, d] block states at positions pos [B, N]; mask: [B, N, T + N] (True = may attend).
+
+        Returns the new states [B, N, d] and the block's own rotated keys/values [B, kv_heads, N, hd]
+        (autoregressive drafters cache them)."""
         h = self.attn_norm(x)
         q = rotate(self._split(self.q_proj(h), self.heads), pos, self.theta)
-        k = torch.cat([ctx_kv[0], rotate(self._split(self.k_proj(h), self.kv_heads), pos, self.theta)], dim=2)
-        v = torch.cat([ctx_kv[1], self._split(self.v_proj(h), self.kv_heads)], dim=2)
+        own_k = rotate(self._split(self.k_proj(h), self.kv_heads), pos, self.theta)
+        own_v = self._split(self.v_proj(h), self.kv_heads)
         groups = self.heads // self.kv_heads
-        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        k = torch.cat([ctx_kv[0], own_k], dim=2).repeat_interleave(groups, dim=1)
+        v = torch.cat([ctx_kv[1], own_v], dim=2).repeat_interleave(groups, dim=1)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
         x = x + self.o_proj(attn.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
         h = self.mlp_norm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), (own_k, own_v)
 
 
-class ParallelDrafter(PreTrainedModel):
-    """DFlash backbone, with DSpark's sequential head and confidence head when ``config.kind == 'dspark'``."""
+class TargetBoundDrafter(PreTrainedModel):
+    """What every trained drafter shares: fusion of target features (eq. 2), a reduced draft
+    vocabulary (``draft_token_ids``, target ids), and the target's frozen embedding and LM head,
+    attached at load time and never saved."""
 
     config_class = DrafterConfig
     base_model_prefix = "drafter"
@@ -101,31 +107,20 @@ class ParallelDrafter(PreTrainedModel):
         super().__init__(config)
         if config.hidden_size != config.target_hidden_size:
             raise ValueError("hidden_size must equal target_hidden_size: the drafter shares the target's embedding and LM head.")
-        d, r = config.hidden_size, config.rank
+        d = config.hidden_size
         self.fuse = nn.Linear(len(config.feature_layers) * config.target_hidden_size, d, bias=False)
         self.ctx_norm = RMSNorm(d, config.rms_norm_eps)
-        self.mask_embedding = nn.Parameter(torch.zeros(d))
         self.layers = nn.ModuleList(DraftLayer(config) for _ in range(config.num_layers))
         self.final_norm = RMSNorm(d, config.rms_norm_eps)
         self.register_buffer("draft_token_ids", torch.arange(config.draft_vocab_size), persistent=True)
-        if config.kind == "dspark":
-            self.w1 = nn.Embedding(config.draft_vocab_size + 1, r)  # last row: a token outside the draft vocabulary
-            self.w2 = nn.Linear(r, config.draft_vocab_size, bias=False)
-            self.confidence = nn.Linear(d + r, 1)
-            if config.head == "rnn":
-                self.cell = nn.Linear(2 * r + d, 3 * r)
         self._target: dict[str, torch.Tensor] = {}
-        self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
             if getattr(module, "bias", None) is not None:
                 nn.init.zeros_(module.bias)
-        if isinstance(module, ParallelDrafter) and module.config.kind == "dspark":
-            nn.init.zeros_(module.w2.weight)  # the head starts as a no-op on the backbone's logits
 
-    # ------------------------------------------------------------------ the frozen target parts
     def attach_target(self, embedding: torch.Tensor, lm_head: torch.Tensor) -> None:
         """Share the target's input embedding [V, d] and LM head [V, d] (frozen, not saved)."""
         vocab = self.config.target_vocab_size
@@ -151,11 +146,36 @@ class ParallelDrafter(PreTrainedModel):
         """Target token ids -> draft-vocabulary indices; tokens outside it map to Vd."""
         return self.target_part("to_draft")[target_ids]
 
-    # ----------------------------------------------------------------------------- backbone
     def fuse_context(self, features: torch.Tensor) -> torch.Tensor:
         """Target features [B, T, m, d_t] -> H_ctx [B, T, d]."""
         return self.ctx_norm(self.fuse(features.flatten(-2)))
 
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits over the draft vocabulary through the target's LM head: [..., d] -> [..., Vd]."""
+        return hidden @ self.target_part("head").T
+
+
+class ParallelDrafter(TargetBoundDrafter):
+    """DFlash backbone, with DSpark's sequential head and confidence head when ``config.kind == 'dspark'``."""
+
+    def __init__(self, config: DrafterConfig):
+        super().__init__(config)
+        d, r = config.hidden_size, config.rank
+        self.mask_embedding = nn.Parameter(torch.zeros(d))
+        if config.kind == "dspark":
+            self.w1 = nn.Embedding(config.draft_vocab_size + 1, r)  # last row: a token outside the draft vocabulary
+            self.w2 = nn.Linear(r, config.draft_vocab_size, bias=False)
+            self.confidence = nn.Linear(d + r, 1)
+            if config.head == "rnn":
+                self.cell = nn.Linear(2 * r + d, 3 * r)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        super()._init_weights(module)
+        if isinstance(module, ParallelDrafter) and module.config.kind == "dspark":
+            nn.init.zeros_(module.w2.weight)  # the head starts as a no-op on the backbone's logits
+
+    # ----------------------------------------------------------------------------- backbone
     def context_kv(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per-layer keys/values of H_ctx [B, T, d] at positions ctx_pos [B, T]."""
         return [layer.context_kv(ctx, ctx_pos) for layer in self.layers]
@@ -182,16 +202,13 @@ class ParallelDrafter(PreTrainedModel):
             [ctx_visible.repeat_interleave(g, dim=1), same_block.expand(batch, -1, -1)], dim=2
         )  # [B, N, T + N]
         for layer, kv in zip(self.layers, ctx_kv):
-            x = layer(x, pos, kv, mask)
+            x, _ = layer(x, pos, kv, mask)
         return self.final_norm(x).view(batch, n, g, -1)
-
-    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """U_k over the draft vocabulary: [..., d] -> [..., Vd]."""
-        return hidden @ self.target_part("head").T
 
     def forward(
         self,
         features: torch.Tensor,
+        ctx_next_tokens: torch.Tensor,
         anchors: torch.Tensor,
         anchor_pos: torch.Tensor,
         ctx_visible: torch.Tensor,
@@ -199,7 +216,8 @@ class ParallelDrafter(PreTrainedModel):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Teacher-forced training pass over n blocks per sequence.
 
-        features: [B, T, m, d_t] target features of the context; anchors, anchor_pos: [B, n];
+        features: [B, T, m, d_t] target features of the context; ctx_next_tokens: [B, T] (unused here:
+        the training interface is shared with the Eagle drafter); anchors, anchor_pos: [B, n];
         ctx_visible: [B, n, T]; prev_tokens: [B, n, g] (anchor, x*_1 .. x*_{g-1}).
         Returns draft logits [B, n, g, Vd] and confidences [B, n, g] (None for dflash).
         """
