@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test clean-cache
+.PHONY: setup run test data train-drafters train-quick clean-cache
 
 setup: $(STAMP)
 
@@ -25,6 +25,24 @@ run: setup
 # Tests: exact algebra, statistics, greedy identity on the default target, CLI, notebooks (papermill).
 test: setup
 	$(BIN)/python -m pytest -q
+
+# Self-distillation data: the target answers data/prompts/train.jsonl (resumable; about 2 h on 2 cores).
+data: setup
+	$(BIN)/dspark data generate
+
+# The shipped drafters for the default target, block 7 (about 2 h on 2 cores once the data exists).
+DRAFTERS := data/drafters/smollm2-135m-instruct
+STEPS ?= 4000
+train-drafters: setup
+	$(BIN)/dspark train --drafter eagle --block 7 --steps $(STEPS) --out $(DRAFTERS)/eagle
+	$(BIN)/dspark train --drafter dflash --block 7 --steps $(STEPS) --out $(DRAFTERS)/dflash
+	$(BIN)/dspark train --drafter dspark --head markov --block 7 --steps $(STEPS) --out $(DRAFTERS)/dspark-markov
+	$(BIN)/dspark train --drafter dspark --head rnn --block 7 --steps $(STEPS) --out $(DRAFTERS)/dspark-rnn
+	$(BIN)/dspark train --drafter draft-lm --layers 4 --lm-width 192 --steps $(STEPS) --out $(DRAFTERS)/draft-lm
+
+# The quick recipe (minutes): a tiny run of every kind, as CI's smoke test does.
+train-quick: setup
+	$(BIN)/dspark train --drafter dspark --steps 30 --batch-size 4 --blocks-per-seq 4 --out /tmp/dspark-quick
 
 clean-cache:
 	rm -rf $${DSPARK_CACHE_DIR:-$$HOME/.cache/dspark}

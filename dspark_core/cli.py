@@ -90,20 +90,23 @@ def cmd_data(args: argparse.Namespace) -> None:
 def cmd_train(args: argparse.Namespace) -> None:
     from . import distill
     from .features import build_feature_cache
-    from .train import TrainConfig, train
+    from .train import TrainConfig, train, train_draft_lm
 
     config = TrainConfig(
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
         steps=args.steps, batch_size=args.batch_size, blocks_per_seq=args.blocks_per_seq, lr=args.lr,
         warmup=min(args.warmup, args.steps), val_fraction=args.val_fraction, seed=args.seed,
-        save_every=args.save_every,
+        save_every=args.save_every, lm_width=args.lm_width,
     )
     data = distill.load(Path(args.data))
     model, tokenizer = load_target(args.model, device=args.device)
-    cache = build_feature_cache(model, tokenizer, data, config.feature_layers)
-    drafter = train(config, model, tokenizer, data, cache, Path(args.out))
-    print(f"saved {config.drafter} drafter ({sum(p.numel() for p in drafter.parameters()) / 1e6:.1f}M parameters) to {args.out}")
+    if config.drafter == "draft-lm":
+        trained = train_draft_lm(config, model, tokenizer, data, Path(args.out))
+    else:
+        cache = build_feature_cache(model, tokenizer, data, config.feature_layers)
+        trained = train(config, model, tokenizer, data, cache, Path(args.out))
+    print(f"saved {config.drafter} ({sum(p.numel() for p in trained.parameters()) / 1e6:.1f}M parameters) to {args.out}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -150,10 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .train import TrainConfig
 
     tc = TrainConfig()
-    trn = sub.add_parser("train", help="train an eagle, dflash or dspark drafter on the self-distillation data")
-    trn.add_argument("--drafter", choices=["eagle", "dflash", "dspark"], default=tc.drafter)
+    trn = sub.add_parser("train", help="train a drafter (eagle, dflash, dspark, draft-lm) on the self-distillation data")
+    trn.add_argument("--drafter", choices=["eagle", "dflash", "dspark", "draft-lm"], default=tc.drafter)
     trn.add_argument("--head", choices=["markov", "rnn"], default=tc.head, help="dspark's sequential head")
     trn.add_argument("--layers", type=int, default=tc.layers, help="drafter depth (transformer layers)")
+    trn.add_argument("--lm-width", type=int, default=tc.lm_width, help="hidden size of the draft LM (draft-lm only)")
     trn.add_argument("--block", type=int, default=tc.block, help="gamma: tokens drafted per round")
     trn.add_argument("--feature-layers", type=int, nargs="+", default=list(tc.feature_layers),
                      help="target hidden_states indices fused into the context (0 = embeddings)")

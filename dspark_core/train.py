@@ -9,22 +9,24 @@ the loss curve goes to ``loss.csv`` and the finished drafter to ``config.json`` 
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import math
 import shutil
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file as load_torch_file
-from safetensors.torch import save_file
+from safetensors.torch import load_model, save_file, save_model
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from .compare import machine_info
 from .distill import DistillData
@@ -37,7 +39,9 @@ from .target import target_fingerprint, tokenizer_fingerprint
 
 @dataclass
 class TrainConfig:
-    """One experiment. ``loss`` is ``dspark`` (0.1 CE + 0.9 TV + 1.0 BCE) or ``ce`` (CE, + BCE for dspark)."""
+    """One experiment. ``drafter`` is eagle / dflash / dspark (on the feature cache) or draft-lm (an
+    independent small causal LM of ``layers`` layers and width ``lm_width``). ``loss`` is ``dspark``
+    (0.1 CE + 0.9 TV + 1.0 BCE) or ``ce`` (CE, + BCE for dspark); the draft LM always uses CE."""
 
     drafter: str = "dspark"
     head: str = "markov"
@@ -56,13 +60,14 @@ class TrainConfig:
     log_every: int = 20
     save_every: int = 200
     seed: int = 0
-    extra: dict = field(default_factory=dict)
+    lm_width: int = 256
+    save_dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
         if self.loss not in ("dspark", "ce"):
             raise ValueError(f"loss must be 'dspark' or 'ce', got {self.loss!r}")
-        if self.drafter not in ("eagle", "dflash", "dspark"):
-            raise ValueError(f"drafter must be eagle, dflash or dspark, got {self.drafter!r}")
+        if self.drafter not in ("eagle", "dflash", "dspark", "draft-lm"):
+            raise ValueError(f"drafter must be eagle, dflash, dspark or draft-lm, got {self.drafter!r}")
         if self.drafter != "dspark":
             self.head = "none"
         for name in ("layers", "block", "steps", "batch_size", "blocks_per_seq", "draft_vocab"):
@@ -188,11 +193,11 @@ def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: 
     return drafter
 
 
-def save_training_state(folder: Path, drafter: TargetBoundDrafter, optimizer: torch.optim.Optimizer, step: int) -> None:
+def save_training_state(folder: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
     """Weights and AdamW moments in safetensors, the rest in JSON (no pickle); written atomically."""
     tmp = folder.with_name(folder.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in drafter.state_dict().items()}, str(tmp / "drafter.safetensors"))
+    save_model(module, str(tmp / "model.safetensors"))  # handles tied weights
     state = optimizer.state_dict()
     tensors = {f"{i}.{name}": value for i, slots in state["state"].items() for name, value in slots.items()
                if torch.is_tensor(value) and value.dim() > 0}
@@ -205,9 +210,9 @@ def save_training_state(folder: Path, drafter: TargetBoundDrafter, optimizer: to
     tmp.rename(folder)
 
 
-def load_training_state(folder: Path, drafter: TargetBoundDrafter, optimizer: torch.optim.Optimizer) -> int:
+def load_training_state(folder: Path, module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Restore what :func:`save_training_state` wrote; returns the step to continue from."""
-    drafter.load_state_dict(load_torch_file(str(folder / "drafter.safetensors")))
+    load_model(module, str(folder / "model.safetensors"))
     meta = json.loads((folder / "state.json").read_text())
     slots: dict[int, dict] = {}
     for key, value in load_torch_file(str(folder / "optimizer.safetensors")).items():
@@ -220,54 +225,44 @@ def load_training_state(folder: Path, drafter: TargetBoundDrafter, optimizer: to
     return int(meta["step"])
 
 
-def train(
+def fit(
+    module: torch.nn.Module,
+    loss_fn: Callable[[torch.nn.Module, dict], dict[str, torch.Tensor]],
+    sample_batch: Callable[[np.random.Generator], dict],
     config: TrainConfig,
-    model: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    data: DistillData,
-    cache: FeatureCache,
     out_dir: Path,
-) -> TargetBoundDrafter:
-    """Train (or resume) a drafter into ``out_dir``; returns the trained drafter bound to the target."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    desc: str,
+) -> torch.nn.Module:
+    """The training loop shared by every drafter: AdamW with warm-up and cosine decay, gradient
+    clipping, ``accelerate`` for devices, a loss CSV, and a pickle-free checkpoint every
+    ``save_every`` steps from which an interrupted run resumes exactly (batches are drawn from an
+    RNG seeded by the step, so a resumed run sees the same batches).
+
+    loss_fn(model, batch) returns named terms including ``loss``; sample_batch(rng) returns a dict
+    of tensors on the CPU.
+    """
     accelerator = Accelerator()
-    torch.manual_seed(config.seed)
-    drafter = build_drafter_model(config, model, tokenizer, data)
-    optimizer = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
 
     def schedule(step: int) -> float:
         if step < config.warmup:
             return (step + 1) / config.warmup
         return 0.5 * (1 + math.cos(math.pi * (step - config.warmup) / max(1, config.steps - config.warmup)))
 
-    state_dir = out_dir / "state"
-    step = load_training_state(state_dir, drafter, optimizer) if (state_dir / "state.json").is_file() else 0
+    state_dir, log_path = out_dir / "state", out_dir / "loss.csv"
+    step = load_training_state(state_dir, module, optimizer) if (state_dir / "state.json").is_file() else 0
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=step - 1)
-    wrapped, optimizer, scheduler = accelerator.prepare(drafter, optimizer, scheduler)
-    train_rows, val_rows = split_indices(len(cache), config.val_fraction)
-    meta = {
-        "config": asdict(config), "target_fingerprint": target_fingerprint(model, tokenizer),
-        "data": {k: data.meta.get(k) for k in ("prompt_file", "prompt_file_sha256", "n_answered", "response_tokens")},
-        "feature_cache": cache.folder.name, "train_sequences": len(train_rows), "val_sequences": len(val_rows),
-        "machine": machine_info(),
-    }
-    (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
-    log_path = out_dir / "loss.csv"
-    fields = ["step", "loss", "ce", "tv", "conf", "lr", "blocks_per_s"]
-    if step == 0 or not log_path.is_file():
-        with log_path.open("w", newline="") as f:
-            csv.writer(f).writerow(fields)
-    device = accelerator.device
+    wrapped, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
+    if step == 0:
+        log_path.unlink(missing_ok=True)
     wrapped.train()
-    bar = tqdm(total=config.steps, initial=step, desc=f"train {config.drafter}-{config.head}", unit="step",
-               disable=not accelerator.is_main_process)
+    bar = tqdm(total=config.steps, initial=step, desc=desc, unit="step", disable=not accelerator.is_main_process)
     sums: Counter = Counter()
     tic = time.perf_counter()
     while step < config.steps:
-        rng = np.random.default_rng([config.seed, step, accelerator.process_index])  # resume-safe sampling
-        rows = rng.choice(train_rows, size=config.batch_size, replace=False)
-        batch = {k: v.to(device) for k, v in make_batch(cache, rows, config.blocks_per_seq, config.block, rng).items()}
-        terms = compute_loss(drafter, wrapped, batch, config.loss)
+        rng = np.random.default_rng([config.seed, step, accelerator.process_index])
+        batch = {k: v.to(accelerator.device) for k, v in sample_batch(rng).items()}
+        terms = loss_fn(wrapped, batch)
         accelerator.backward(terms["loss"])
         accelerator.clip_grad_norm_(wrapped.parameters(), 1.0)
         optimizer.step()
@@ -276,27 +271,128 @@ def train(
         step += 1
         bar.update(1)
         sums.update({k: float(v.detach()) for k, v in terms.items()})
-        sums["n"] += 1
-        if step % config.log_every == 0 or step == config.steps:
-            rate = sums["n"] * config.batch_size * config.blocks_per_seq / (time.perf_counter() - tic)
-            row = [step] + [sums[k] / sums["n"] for k in ("loss", "ce", "tv", "conf")] + [scheduler.get_last_lr()[0], rate]
-            if accelerator.is_main_process:
-                with log_path.open("a", newline="") as f:
-                    csv.writer(f).writerow([f"{x:.5g}" if isinstance(x, float) else x for x in row])
-                bar.set_postfix(loss=f"{row[1]:.3f}", tv=f"{row[3]:.3f}")
+        sums["steps"] += 1
+        if (step % config.log_every == 0 or step == config.steps) and accelerator.is_main_process:
+            names = sorted(k for k in sums if k != "steps")
+            row = {"step": step, **{k: f"{sums[k] / sums['steps']:.5g}" for k in names},
+                   "lr": f"{scheduler.get_last_lr()[0]:.5g}", "steps_per_s": f"{sums['steps'] / (time.perf_counter() - tic):.4g}"}
+            new_file = not log_path.is_file()
+            with log_path.open("a", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=list(row))
+                if new_file:
+                    writer.writeheader()
+                writer.writerow(row)
+            bar.set_postfix(loss=row["loss"])
             sums, tic = Counter(), time.perf_counter()
         if step % config.save_every == 0 or step == config.steps:
             accelerator.wait_for_everyone()
             if accelerator.is_main_process:
-                save_training_state(state_dir, accelerator.unwrap_model(wrapped), optimizer.optimizer
-                                    if hasattr(optimizer, "optimizer") else optimizer, step)
+                inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
+                save_training_state(state_dir, accelerator.unwrap_model(wrapped), inner, step)
     bar.close()
-    drafter = accelerator.unwrap_model(wrapped).eval()
-    if accelerator.is_main_process:
-        drafter.save_pretrained(out_dir)
-        if len(val_rows):
-            acceptance = held_out_acceptance(drafter, cache, val_rows, config.block)
-            meta["held_out_acceptance"] = acceptance.round(4).tolist()
-            meta["held_out_expected_tau"] = float(1 + np.cumprod(acceptance).sum())
-            (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    return accelerator.unwrap_model(wrapped).eval()
+
+
+def save_checkpoint(module: PreTrainedModel, out_dir: Path, dtype: str) -> None:
+    """save_pretrained in ``dtype`` (bfloat16 halves the shipped size; loading casts back to float32)."""
+    copy.deepcopy(module).to(getattr(torch, dtype)).save_pretrained(out_dir)
+
+
+def run_metadata(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 data: DistillData, **extra) -> dict:
+    """What a run was trained on and with: written as train_meta.json beside the checkpoint."""
+    return {
+        "config": asdict(config), "target_fingerprint": target_fingerprint(model, tokenizer),
+        "data": {k: data.meta.get(k) for k in ("prompt_file", "prompt_file_sha256", "n_answered", "response_tokens")},
+        "machine": machine_info(), **extra,
+    }
+
+
+def train(
+    config: TrainConfig,
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    data: DistillData,
+    cache: FeatureCache,
+    out_dir: Path,
+) -> TargetBoundDrafter:
+    """Train (or resume) an eagle / dflash / dspark drafter into ``out_dir``; returns it bound to the target."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    drafter = build_drafter_model(config, model, tokenizer, data)
+    train_rows, val_rows = split_indices(len(cache), config.val_fraction)
+    meta = run_metadata(config, model, tokenizer, data, feature_cache=cache.folder.name,
+                        train_sequences=len(train_rows), val_sequences=len(val_rows))
+    (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
+
+    def sample_batch(rng: np.random.Generator) -> dict:
+        rows = rng.choice(train_rows, size=min(config.batch_size, len(train_rows)), replace=False)
+        return make_batch(cache, rows, config.blocks_per_seq, config.block, rng)
+
+    desc = f"train {config.drafter}" + (f"-{config.head}" if config.drafter == "dspark" else "")
+    drafter = fit(drafter, lambda m, b: compute_loss(drafter, m, b, config.loss), sample_batch, config, out_dir, desc)
+    save_checkpoint(drafter, out_dir, config.save_dtype)
+    if len(val_rows):
+        acceptance = held_out_acceptance(drafter, cache, val_rows, config.block)
+        meta["held_out_acceptance"] = acceptance.round(4).tolist()
+        meta["held_out_expected_tau"] = float(1 + np.cumprod(acceptance).sum())
+        (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
     return drafter
+
+
+def build_draft_lm(config: TrainConfig, model: PreTrainedModel) -> LlamaForCausalLM:
+    """A small Llama with the target's vocabulary, special tokens and RoPE. Its embedding starts as
+    the target's, projected to ``lm_width`` by a fixed random matrix (token structure for free)."""
+    tc = model.config
+    heads = max(1, config.lm_width // 64)
+    lm = LlamaForCausalLM(LlamaConfig(
+        vocab_size=tc.vocab_size, hidden_size=config.lm_width, intermediate_size=config.lm_width * 8 // 3,
+        num_hidden_layers=config.layers, num_attention_heads=heads, num_key_value_heads=heads,
+        max_position_embeddings=tc.max_position_embeddings, rope_parameters=getattr(tc, "rope_parameters", None),
+        rms_norm_eps=tc.rms_norm_eps, tie_word_embeddings=True, bos_token_id=tc.bos_token_id,
+        eos_token_id=tc.eos_token_id, pad_token_id=tc.pad_token_id,
+    ))
+    generator = torch.Generator().manual_seed(config.seed)
+    projection = torch.randn(tc.hidden_size, config.lm_width, generator=generator) / math.sqrt(tc.hidden_size)
+    with torch.no_grad():
+        lm.get_input_embeddings().weight.copy_(model.get_input_embeddings().weight @ projection)
+    lm.generation_config.eos_token_id = model.generation_config.eos_token_id
+    return lm
+
+
+def lm_batch(data: DistillData, rows: np.ndarray, max_len: int = 512) -> dict:
+    """Prompt + response token ids, right-padded; the loss covers response tokens only."""
+    seqs = [(data.prompts[i] + data.responses[i])[:max_len] for i in rows]
+    width = max(len(s) for s in seqs)
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    labels = torch.full((len(seqs), width), -100, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for row, (i, seq) in enumerate(zip(rows, seqs)):
+        ids[row, : len(seq)] = torch.tensor(seq)
+        mask[row, : len(seq)] = 1
+        labels[row, len(data.prompts[i]) : len(seq)] = ids[row, len(data.prompts[i]) : len(seq)]
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def train_draft_lm(
+    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: DistillData, out_dir: Path
+) -> LlamaForCausalLM:
+    """Distil an independent small draft LM from the target-written answers (CE on response tokens)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(config.seed)
+    lm = build_draft_lm(config, model)
+    train_rows, val_rows = split_indices(len(data.ids), config.val_fraction)
+    meta = run_metadata(config, model, tokenizer, data, train_sequences=len(train_rows), val_sequences=len(val_rows))
+
+    def sample_batch(rng: np.random.Generator) -> dict:
+        return lm_batch(data, rng.choice(train_rows, size=min(config.batch_size, len(train_rows)), replace=False))
+
+    lm = fit(lm, lambda m, b: {"loss": m(**b).loss}, sample_batch, config, out_dir, "train draft-lm")
+    save_checkpoint(lm, out_dir, config.save_dtype)
+    tokenizer.save_pretrained(out_dir)
+    if len(val_rows):
+        with torch.no_grad():
+            losses = [float(lm(**lm_batch(data, chunk)).loss) for chunk in np.array_split(val_rows, max(1, len(val_rows) // 8))]
+        meta["held_out_ce"] = float(np.mean(losses))
+    (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
+    return lm

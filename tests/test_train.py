@@ -11,7 +11,8 @@ from dspark_core import train as train_module
 from dspark_core.distill import DistillData, load
 from dspark_core.drafters.trained import load_trained_drafter
 from dspark_core.features import build_feature_cache
-from dspark_core.train import TrainConfig, train
+from dspark_core.drafters import build_drafter
+from dspark_core.train import TrainConfig, train, train_draft_lm
 
 QUICK = dict(drafter="dspark", head="rnn", block=4, draft_vocab=512, rank=16, steps=20, batch_size=4,
              blocks_per_seq=2, save_every=10, log_every=5, val_fraction=0.25, warmup=5)
@@ -90,4 +91,18 @@ def test_other_kinds_train_and_serve(target, tiny, prompts, eos, tmp_path, kind)
     drafter = load_trained_drafter(tmp_path, model, tokenizer)
     plain = autoregressive_generate(model, prompts[1], max_new_tokens=12, eos_token_ids=eos)
     assert speculative_generate(model, prompts[1], drafter, FixedLength(4), max_new_tokens=12,
+                                eos_token_ids=eos).tokens == plain.tokens
+
+
+def test_draft_lm_distils_and_drafts(target, tiny, prompts, eos, tmp_path):
+    model, tokenizer = target
+    data, _ = tiny
+    config = TrainConfig(**{**QUICK, "drafter": "draft-lm", "layers": 1, "lm_width": 64, "steps": 4,
+                            "save_every": 4, "log_every": 2})
+    train_draft_lm(config, model, tokenizer, data, tmp_path)
+    meta = json.loads((tmp_path / "train_meta.json").read_text())
+    assert meta["held_out_ce"] > 0
+    drafter = build_drafter("draft-lm", model, tokenizer, draft_model=str(tmp_path))
+    plain = autoregressive_generate(model, prompts[3], max_new_tokens=12, eos_token_ids=eos)
+    assert speculative_generate(model, prompts[3], drafter, FixedLength(3), max_new_tokens=12,
                                 eos_token_ids=eos).tokens == plain.tokens

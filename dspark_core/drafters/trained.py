@@ -45,7 +45,7 @@ def load_trained_drafter(
     try:
         config = DrafterConfig.from_pretrained(path)
         cls = EagleDrafter if config.kind == "eagle" else ParallelDrafter
-        drafter = cls.from_pretrained(path).to(model.device)
+        drafter = cls.from_pretrained(path, dtype=torch.float32).to(model.device)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise ValueError(f"Could not load the drafter checkpoint at {path}: it is missing, truncated or corrupt "
                          f"({type(err).__name__}: {err}). Re-create it with `dspark train` or restore the file.") from err
