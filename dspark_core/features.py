@@ -62,8 +62,10 @@ def build_feature_cache(
     data: DistillData,
     layers: tuple[int, ...],
     root: Path | None = None,
+    batch_size: int = 8,
 ) -> FeatureCache:
-    """Open the cache for (target, data, layers), computing whatever is missing first."""
+    """Open the cache for (target, data, layers), computing whatever is missing first (``batch_size``
+    sequences per target forward; progress is saved after each batch, so an interrupted build resumes)."""
     folder = (root or cache_dir() / "features") / cache_key(model, tokenizer, data, layers)
     folder.mkdir(parents=True, exist_ok=True)
     sequences = [p + r for p, r in zip(data.prompts, data.responses)]
@@ -75,17 +77,25 @@ def build_feature_cache(
     progress_file = folder / "progress.json"
     done = json.loads(progress_file.read_text())["sequences"] if progress_file.is_file() else 0
     if done < len(sequences):
-        with torch.inference_mode():
-            for i in tqdm(range(done, len(sequences)), initial=done, total=len(sequences), desc="features", unit="seq"):
-                ids = torch.tensor([sequences[i]], device=model.device)
-                out = model(input_ids=ids, output_hidden_states=True)
-                states = torch.stack([out.hidden_states[layer][0] for layer in layers] + [out.hidden_states[-1][0]], 1)
-                hidden[offsets[i] : offsets[i + 1]] = states.half().cpu().numpy()
-                lse[offsets[i] : offsets[i + 1]] = torch.logsumexp(out.logits[0].float(), -1).cpu().numpy()
-                if (i + 1) % 20 == 0 or i + 1 == len(sequences):
-                    hidden.flush()
-                    lse.flush()
-                    progress_file.write_text(json.dumps({"sequences": i + 1}))
+        with torch.inference_mode(), tqdm(total=len(sequences), initial=done, desc="features", unit="seq") as bar:
+            for first in range(done, len(sequences), batch_size):
+                batch = sequences[first : first + batch_size]
+                width = max(len(s) for s in batch)
+                ids = torch.zeros(len(batch), width, dtype=torch.long)
+                mask = torch.zeros_like(ids)
+                for row, seq in enumerate(batch):  # right padding: causal attention keeps real positions exact
+                    ids[row, : len(seq)], mask[row, : len(seq)] = torch.tensor(seq), 1
+                out = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), output_hidden_states=True)
+                states = torch.stack([out.hidden_states[layer] for layer in layers] + [out.hidden_states[-1]], 2)
+                log_norm = torch.logsumexp(out.logits.float(), -1)
+                for row, seq in enumerate(batch):
+                    i = first + row
+                    hidden[offsets[i] : offsets[i + 1]] = states[row, : len(seq)].half().cpu().numpy()
+                    lse[offsets[i] : offsets[i + 1]] = log_norm[row, : len(seq)].cpu().numpy()
+                hidden.flush()
+                lse.flush()
+                progress_file.write_text(json.dumps({"sequences": first + len(batch)}))
+                bar.update(len(batch))
     tokens = np.concatenate([np.asarray(s, dtype=np.int32) for s in sequences])
     prompt_lens = np.array([len(p) for p in data.prompts], dtype=np.int64)
     return FeatureCache(folder, tuple(layers), tokens, offsets, prompt_lens,
