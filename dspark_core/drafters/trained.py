@@ -14,7 +14,7 @@ from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..models.eagle import EagleDrafter
-from ..models.parallel import ParallelDrafter, TargetBoundDrafter
+from ..models.parallel import KV, ParallelDrafter, TargetBoundDrafter, concat_kv
 from ..models.config import DrafterConfig
 from ..sampling import SamplingConfig, probs_from_logits, sample
 from ..target import target_fingerprint, tokenizer_fingerprint
@@ -67,54 +67,66 @@ def _draft_from_logits(
     return token, torch.zeros(vocab_size, device=q.device).index_copy_(0, drafter.draft_token_ids, q)
 
 
-class BlockDrafter:
-    """Drafts one block per round with a :class:`ParallelDrafter` bound to the target."""
+class _ServedDrafter:
+    """What serving every trained drafter shares: binding to the target, the per-sequence context
+    (keys/values of committed tokens only) and the check that each round extended it correctly."""
 
-    def __init__(self, drafter: ParallelDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, drafter: TargetBoundDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
         self.drafter = _bind(drafter, model, tokenizer)
         self.feature_layers = tuple(drafter.config.feature_layers)
         self.reset()
 
     def reset(self) -> None:
-        self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.kv: KV | None = None
         self.ctx_len = 0
 
-    def _append_context(self, features: torch.Tensor) -> None:
-        """features: [n, m, d_t] of the next n committed tokens."""
-        ctx = self.drafter.fuse_context(features[None].to(self.drafter.dtype))
-        pos = torch.arange(self.ctx_len, self.ctx_len + features.shape[0], device=ctx.device)[None]
-        new = self.drafter.context_kv(ctx, pos)
-        self.kv = new if self.kv is None else [
-            (torch.cat([k, nk], dim=2), torch.cat([v, nv], dim=2)) for (k, v), (nk, nv) in zip(self.kv, new)
-        ]
-        self.ctx_len += features.shape[0]
+    def _extend(self, features: torch.Tensor, tokens: list[int]) -> None:
+        """Add the next ``n`` committed tokens (features [n, m, d_t]) to the context."""
+        raise NotImplementedError
+
+    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, vocab_size: int) -> Draft:
+        raise NotImplementedError
 
     @torch.inference_mode()
     def propose(
         self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
         if context.new_features is not None and context.new_features.shape[0]:
-            self._append_context(context.new_features)
+            self._extend(context.new_features.to(self.drafter.dtype), context.tokens)
+            self.ctx_len += context.new_features.shape[0]
         if self.ctx_len != len(context.tokens) - 1 or self.kv is None:
             raise RuntimeError(f"drafter context holds {self.ctx_len} tokens, expected {len(context.tokens) - 1}: "
                                "call reset() before a new sequence and pass every round's new_features")
         length = min(max_tokens, self.drafter.config.block_size)
         if length < 1:
             return Draft.empty(context.vocab_size)
+        return self._draft(context.tokens[-1], length, sampling, generator, context.vocab_size)
+
+
+class BlockDrafter(_ServedDrafter):
+    """Drafts one block per round with a :class:`ParallelDrafter` (dflash / dspark)."""
+
+    def _extend(self, features: torch.Tensor, tokens: list[int]) -> None:
+        ctx = self.drafter.fuse_context(features[None])
+        pos = torch.arange(self.ctx_len, self.ctx_len + features.shape[0], device=ctx.device)[None]
+        new = self.drafter.context_kv(ctx, pos)
+        self.kv = new if self.kv is None else concat_kv(self.kv, new)
+
+    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, vocab_size: int) -> Draft:
         device = self.kv[0][0].device
-        anchor = torch.tensor([[context.tokens[-1]]], device=device)
+        anchor_id = torch.tensor([[anchor]], device=device)
         visible = torch.ones(1, 1, self.ctx_len, dtype=torch.bool, device=device)
-        hidden = self.drafter.block_states(anchor, torch.tensor([[self.ctx_len]], device=device), self.kv, visible)[0, 0]
+        hidden = self.drafter.block_states(anchor_id, torch.tensor([[self.ctx_len]], device=device), self.kv, visible)[0, 0]
         logits = self.drafter.base_logits(hidden[:length])  # [l, Vd]
         tokens, rows, confidences = [], [], []
-        prev, state = anchor[0, 0], None
+        prev, state = anchor_id[0, 0], None
         for k in range(length):
             row = logits[k]
             if self.drafter.config.kind == "dspark":
                 bias, conf, state = self.drafter.head_step(hidden[k], self.drafter.to_draft_ids(prev), state)
                 row = row + bias
                 confidences.append(conf)
-            prev, q = _draft_from_logits(self.drafter, row, sampling, generator, context.vocab_size)
+            prev, q = _draft_from_logits(self.drafter, row, sampling, generator, vocab_size)
             tokens.append(prev)
             rows.append(q)
         return Draft(
@@ -124,48 +136,31 @@ class BlockDrafter:
         )
 
 
-class EagleServing:
+class EagleServing(_ServedDrafter):
     """Drafts autoregressively with an :class:`EagleDrafter`: one small forward per draft token."""
 
-    def __init__(self, drafter: EagleDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
-        self.drafter = _bind(drafter, model, tokenizer)
-        self.feature_layers = tuple(drafter.config.feature_layers)
-        self.reset()
-
     def reset(self) -> None:
-        self.kv = None
-        self.ctx_len = 0
-        self.last_h: torch.Tensor | None = None
+        super().reset()
+        self.last_h: torch.Tensor | None = None  # h at the last context position: it predicts the first draft token
 
-    @torch.inference_mode()
-    def propose(
-        self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> Draft:
-        features = context.new_features
-        if features is not None and features.shape[0]:
-            device = self.drafter.draft_token_ids.device
-            start = self.ctx_len
-            next_tokens = torch.tensor(context.tokens[start + 1 : start + 1 + features.shape[0]], device=device)[None]
-            past = self.kv if self.kv is not None else self.drafter.empty_kv(1, device)
-            h, self.kv = self.drafter.encode_context(features[None].to(self.drafter.dtype), next_tokens, past, start)
-            self.ctx_len += features.shape[0]
-            self.last_h = h[:, -1:]
-        if self.ctx_len != len(context.tokens) - 1 or self.last_h is None:
-            raise RuntimeError(f"drafter context holds {self.ctx_len} tokens, expected {len(context.tokens) - 1}: "
-                               "call reset() before a new sequence and pass every round's new_features")
-        length = min(max_tokens, self.drafter.config.block_size)
-        if length < 1:
-            return Draft.empty(context.vocab_size)
+    def _extend(self, features: torch.Tensor, tokens: list[int]) -> None:
+        device = self.drafter.draft_token_ids.device
+        start = self.ctx_len
+        next_tokens = torch.tensor(tokens[start + 1 : start + 1 + features.shape[0]], device=device)[None]
+        past = self.kv if self.kv is not None else self.drafter.empty_kv(1, device)
+        h, self.kv = self.drafter.encode_context(features[None], next_tokens, past, start)
+        self.last_h = h[:, -1:]
+
+    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, vocab_size: int) -> Draft:
         h, past = self.last_h, self.kv
         tokens, rows = [], []
         for k in range(length):
-            token, q = _draft_from_logits(self.drafter, self.drafter.base_logits(h[0, 0]), sampling, generator,
-                                          context.vocab_size)
+            token, q = _draft_from_logits(self.drafter, self.drafter.base_logits(h[0, 0]), sampling, generator, vocab_size)
             tokens.append(token)
             rows.append(q)
             if k + 1 < length:
                 pos = torch.tensor([[self.ctx_len + k]], device=h.device)
                 mask = torch.ones(1, 1, past[0][0].shape[2] + 1, dtype=torch.bool, device=h.device)
                 h, own = self.drafter.run(self.drafter.step_inputs(h, token.view(1, 1)), pos, past, mask)
-                past = [(torch.cat([pk, nk], 2), torch.cat([pv, nv], 2)) for (pk, pv), (nk, nv) in zip(past, own)]
+                past = concat_kv(past, own)
         return Draft(tokens=torch.stack(tokens).cpu(), probs=torch.stack(rows))

@@ -17,9 +17,7 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
-from .parallel import RMSNorm, TargetBoundDrafter
-
-KV = list[tuple[torch.Tensor, torch.Tensor]]
+from .parallel import KV, RMSNorm, TargetBoundDrafter, concat_kv
 
 
 class EagleDrafter(TargetBoundDrafter):
@@ -57,7 +55,7 @@ class EagleDrafter(TargetBoundDrafter):
         pos = torch.arange(start, start + n, device=x.device).expand(batch, -1)
         mask = torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start).expand(batch, -1, -1)
         h, own = self.run(x, pos, past, mask)
-        return h, [(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(past, own)]
+        return h, concat_kv(past, own)
 
     def forward(
         self,
@@ -78,9 +76,9 @@ class EagleDrafter(TargetBoundDrafter):
         eye = torch.eye(n, dtype=torch.bool, device=h.device)
         for k in range(1, self.config.block_size):
             x = self.step_inputs(h, prev_tokens[..., k])
-            past = [(torch.cat([ck, qk], 2), torch.cat([cv, qv], 2)) for (ck, cv), (qk, qv) in zip(ctx_kv, chain)]
+            past = concat_kv(ctx_kv, chain)
             mask = torch.cat([ctx_visible] + [eye.expand(batch, -1, -1)] * k, dim=2)  # context < a, own chain
             h, own = self.run(x, anchor_pos + k - 1, past, mask)
-            chain = [(torch.cat([qk, nk], 2), torch.cat([qv, nv], 2)) for (qk, qv), (nk, nv) in zip(chain, own)]
+            chain = concat_kv(chain, own)
             logits.append(self.base_logits(h))
         return torch.stack(logits, dim=2), None

@@ -29,6 +29,14 @@ from transformers import PreTrainedModel
 from .config import DrafterConfig
 
 
+KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, kv_heads, positions, head_dim]
+
+
+def concat_kv(first: KV, second: KV) -> KV:
+    """Per-layer keys/values of ``first`` followed by ``second`` along positions."""
+    return [(torch.cat([k1, k2], 2), torch.cat([v1, v2], 2)) for (k1, v1), (k2, v2) in zip(first, second)]
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -176,7 +184,7 @@ class ParallelDrafter(TargetBoundDrafter):
             nn.init.zeros_(module.w2.weight)  # the head starts as a no-op on the backbone's logits
 
     # ----------------------------------------------------------------------------- backbone
-    def context_kv(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def context_kv(self, ctx: torch.Tensor, ctx_pos: torch.Tensor) -> KV:
         """Per-layer keys/values of H_ctx [B, T, d] at positions ctx_pos [B, T]."""
         return [layer.context_kv(ctx, ctx_pos) for layer in self.layers]
 
@@ -184,7 +192,7 @@ class ParallelDrafter(TargetBoundDrafter):
         self,
         anchors: torch.Tensor,
         anchor_pos: torch.Tensor,
-        ctx_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        ctx_kv: KV,
         ctx_visible: torch.Tensor,
     ) -> torch.Tensor:
         """Hidden states h_1..h_g [B, n, g, d] of n blocks per row.
