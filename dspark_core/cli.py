@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from .compare import Method, compare, machine_info, parse_methods, summarize, timestamp
+from .compare import compare, conditional_acceptance, machine_info, parse_methods, summarize, timestamp
 from .decoding import GenerationResult, autoregressive_generate, speculative_generate
 from .drafters.registry import DRAFTER_NAMES, build_drafter
 from .policies import FixedLength
@@ -66,6 +66,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     rows = compare(model, tokenizer, records, methods, sampling=sampling, max_new_tokens=args.max_new_tokens,
                    seed=args.seed, out_csv=Path(f"{stem}.csv"))
     print(summarize(rows).to_string())
+    print("\nconditional acceptance per position:")
+    print(conditional_acceptance(rows).to_string())
     print(f"\nrows: {stem}.csv  settings: {stem}.json")
 
 
@@ -125,7 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="plain vs speculative decoding side by side on a prompt set")
     cmp.add_argument("--prompts", default=str(SMOKE_PROMPTS), help="JSONL prompt set")
     cmp.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
-    cmp.add_argument("--methods", default="ngram:3,5,7;oracle:3,5,7", help="drafter:gammas;... (plain always runs)")
+    cmp.add_argument("--methods", default="ngram:3,5,7;oracle:3,5,7",
+                     help="drafter[=checkpoint]:gammas;... e.g. 'ngram:3,5;dspark=runs/dspark-markov:7' (plain always runs)")
     cmp.add_argument("--out-dir", default=str(REPO_ROOT / "data" / "results"))
     _add_common(cmp)
     cmp.set_defaults(func=cmd_compare)

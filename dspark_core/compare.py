@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
@@ -30,24 +31,29 @@ from .target import encode_prompt, eos_token_ids
 
 @dataclass(frozen=True)
 class Method:
-    """A drafter name and a block length; ``plain`` is ``Method("none", 0)``."""
+    """A drafter name, a block length and, for trained drafters, a checkpoint folder;
+    ``plain`` is ``Method("none", 0)``."""
 
     drafter: str
     gamma: int
+    checkpoint: str | None = None
 
     @property
     def label(self) -> str:
-        return "plain" if self.drafter == "none" else f"{self.drafter}@{self.gamma}"
+        if self.drafter == "none":
+            return "plain"
+        return f"{Path(self.checkpoint).name if self.checkpoint else self.drafter}@{self.gamma}"
 
 
 def parse_methods(spec: str) -> list[Method]:
-    """``"ngram:3,5,7;oracle:3,5,7"`` -> [Method("ngram", 3), ...]."""
+    """``"ngram:3,5,7;dspark=runs/dspark-markov:7"`` -> [Method("ngram", 3), ..., Method("dspark", 7, "runs/dspark-markov")]."""
     methods = []
     for part in filter(None, (p.strip() for p in spec.split(";"))):
-        name, _, gammas = part.partition(":")
-        if not gammas:
-            raise ValueError(f"Method {part!r} needs block lengths, e.g. '{name}:3,5,7'.")
-        methods += [Method(name.strip(), int(g)) for g in gammas.split(",")]
+        name, _, gammas = part.rpartition(":")
+        if not name or not gammas:
+            raise ValueError(f"Method {part!r} needs block lengths, e.g. 'ngram:3,5,7' or 'dspark=<folder>:7'.")
+        name, _, checkpoint = name.partition("=")
+        methods += [Method(name.strip(), int(g), checkpoint.strip() or None) for g in gammas.split(",")]
     return methods
 
 
@@ -121,7 +127,8 @@ def compare(
             plain = autoregressive_generate(model, prompt, **kwargs)
             new_rows = [_row(record, plain_method, plain, plain)]
             for method in methods:
-                drafter = build_drafter(method.drafter, model, tokenizer, reference=plain.tokens)
+                drafter = build_drafter(method.drafter, model, tokenizer, draft_model=method.checkpoint,
+                                        reference=plain.tokens)
                 result = speculative_generate(model, prompt, drafter, FixedLength(method.gamma), **kwargs)
                 new_rows.append(_row(record, method, result, plain))
             rows += new_rows
@@ -148,6 +155,19 @@ def summarize(rows: pd.DataFrame) -> pd.DataFrame:
         prompts=("prompt_id", "count"),
     )
     return summary.round(3)
+
+
+def conditional_acceptance(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per method and position k: accepted / reached over all prompts, where "reached" counts rounds
+    that verified position k with positions 1..k-1 accepted."""
+    table = {}
+    for method, group in rows[rows["gamma"] > 0].groupby("method", sort=False):
+        reached = np.sum([json.loads(r) for r in group["reached_per_position"]], axis=0)
+        accepted = np.sum([json.loads(a) for a in group["accepted_per_position"]], axis=0)
+        table[method] = np.divide(accepted, reached, out=np.full(len(reached), np.nan), where=reached > 0)
+    frame = pd.DataFrame.from_dict(table, orient="index")
+    frame.columns = [f"k={k + 1}" for k in frame.columns]
+    return frame.round(3)
 
 
 def timestamp() -> str:

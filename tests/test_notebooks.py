@@ -12,6 +12,8 @@ SMALL = {
                             timing_token_counts=[1, 2, 4, 8], n_lossy_samples=3000),
     "02_implementation.ipynb": dict(n_prompts=2, gammas=[1, 4], max_new_tokens=24, reference_new_tokens=16, gamma=4,
                                     wrong_position=2),
+    "03_training.ipynb": dict(n_timing_repeats=3, n_train_sequences=8, tiny_steps=10, tiny_batch_size=2,
+                              tiny_blocks_per_seq=2, tiny_block=4, n_eval_prompts=1, max_new_tokens=24),
 }
 
 
