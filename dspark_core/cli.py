@@ -102,6 +102,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         save_every=args.save_every, lm_width=args.lm_width,
     )
     data = distill.load(Path(args.data))
+    if args.max_sequences:
+        data = data.subset(args.max_sequences, args.seed)
     model, tokenizer = load_target(args.model, device=args.device)
     if config.drafter == "draft-lm":
         trained = train_draft_lm(config, model, tokenizer, data, Path(args.out))
@@ -176,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--save-every", type=int, default=tc.save_every)
     trn.add_argument("--seed", type=int, default=tc.seed)
     trn.add_argument("--data", default=str(DISTILL_DIR), help="packed self-distillation data folder")
+    trn.add_argument("--max-sequences", type=int, default=None, help="train on a seeded random subset of N sequences")
     trn.add_argument("--out", required=True, help="run folder: checkpoints, loss.csv, the trained drafter")
     trn.add_argument("--model", default=DEFAULT_TARGET)
     trn.add_argument("--device", default="cpu")

@@ -49,6 +49,14 @@ class DistillData:
     responses: list[list[int]]
     meta: dict
 
+    def subset(self, count: int, seed: int = 0) -> "DistillData":
+        """A seeded random subset of ``count`` sequences (all domains mixed), in their original order."""
+        if count >= len(self.ids):
+            return self
+        keep = sorted(random.Random(seed).sample(range(len(self.ids)), count))
+        pick = lambda values: [values[i] for i in keep]  # noqa: E731
+        return DistillData(pick(self.ids), pick(self.domains), pick(self.prompts), pick(self.responses), self.meta)
+
 
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]

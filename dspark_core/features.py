@@ -87,6 +87,9 @@ def build_feature_cache(
                     ids[row, : len(seq)], mask[row, : len(seq)] = torch.tensor(seq), 1
                 out = model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), output_hidden_states=True)
                 states = torch.stack([out.hidden_states[layer] for layer in layers] + [out.hidden_states[-1]], 2)
+                if states.abs().max() > torch.finfo(torch.float16).max:
+                    raise ValueError("target hidden states overflow float16 in the feature cache; choose other "
+                                     "--feature-layers (this target's activations are too large to store)")
                 log_norm = torch.logsumexp(out.logits.float(), -1)
                 for row, seq in enumerate(batch):
                     i = first + row

@@ -9,7 +9,6 @@ the loss curve goes to ``loss.csv`` and the finished drafter to ``config.json`` 
 
 from __future__ import annotations
 
-import copy
 import csv
 import json
 import math
@@ -295,7 +294,13 @@ def fit(
 
 def save_checkpoint(module: PreTrainedModel, out_dir: Path, dtype: str) -> None:
     """save_pretrained in ``dtype`` (bfloat16 halves the shipped size; loading casts back to float32)."""
-    copy.deepcopy(module).to(getattr(torch, dtype)).save_pretrained(out_dir)
+    converted: dict[int, torch.Tensor] = {}  # by storage, so tied weights stay tied (and are stored once)
+    cast = {}
+    for name, tensor in module.state_dict().items():
+        if tensor.is_floating_point():
+            tensor = converted.setdefault(tensor.data_ptr(), tensor.to(getattr(torch, dtype)))
+        cast[name] = tensor
+    module.save_pretrained(out_dir, state_dict=cast)
 
 
 def run_metadata(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
@@ -303,7 +308,9 @@ def run_metadata(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrai
     """What a run was trained on and with: written as train_meta.json beside the checkpoint."""
     return {
         "config": asdict(config), "target_fingerprint": target_fingerprint(model, tokenizer),
-        "data": {k: data.meta.get(k) for k in ("prompt_file", "prompt_file_sha256", "n_answered", "response_tokens")},
+        "data": {"prompt_file": data.meta.get("prompt_file"), "prompt_file_sha256": data.meta.get("prompt_file_sha256"),
+                 "sequences": len(data.ids), "response_tokens": sum(len(r) for r in data.responses),
+                 "packed_sequences": data.meta.get("n_answered")},
         "machine": machine_info(), **extra,
     }
 
@@ -320,7 +327,7 @@ def train(
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     drafter = build_drafter_model(config, model, tokenizer, data)
-    train_rows, val_rows = split_indices(len(cache), config.val_fraction)
+    train_rows, val_rows = split_indices(len(cache), config.val_fraction, config.seed)
     meta = run_metadata(config, model, tokenizer, data, feature_cache=cache.folder.name,
                         train_sequences=len(train_rows), val_sequences=len(val_rows))
     (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
@@ -381,7 +388,7 @@ def train_draft_lm(
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     lm = build_draft_lm(config, model)
-    train_rows, val_rows = split_indices(len(data.ids), config.val_fraction)
+    train_rows, val_rows = split_indices(len(data.ids), config.val_fraction, config.seed)
     meta = run_metadata(config, model, tokenizer, data, train_sequences=len(train_rows), val_sequences=len(val_rows))
 
     def sample_batch(rng: np.random.Generator) -> dict:

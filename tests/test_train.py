@@ -8,7 +8,7 @@ import torch
 
 from dspark_core import FixedLength, autoregressive_generate, speculative_generate
 from dspark_core import train as train_module
-from dspark_core.distill import DistillData, load
+from dspark_core.distill import load
 from dspark_core.drafters.trained import load_trained_drafter
 from dspark_core.features import build_feature_cache
 from dspark_core.drafters import build_drafter
@@ -21,8 +21,7 @@ QUICK = dict(drafter="dspark", head="rnn", block=4, draft_vocab=512, rank=16, st
 @pytest.fixture(scope="module")
 def tiny(target, tmp_path_factory):
     model, tokenizer = target
-    data = load()
-    data = DistillData(data.ids[:12], data.domains[:12], data.prompts[:12], data.responses[:12], data.meta)
+    data = load().subset(12, seed=0)
     cache = build_feature_cache(model, tokenizer, data, (2, 15, 28), root=tmp_path_factory.mktemp("features"))
     return data, cache
 
@@ -72,6 +71,7 @@ def test_quick_recipe_trains_resumes_and_serves(target, tiny, prompts, eos, tmp_
     assert all(float(r["loss"]) > 0 for r in rows)
     meta = json.loads((tmp_path / "straight" / "train_meta.json").read_text())
     assert len(meta["held_out_acceptance"]) == 4 and meta["target_fingerprint"]
+    assert meta["data"]["sequences"] == 12
 
     drafter = load_trained_drafter(tmp_path / "straight", model, tokenizer)
     plain = autoregressive_generate(model, prompts[0], max_new_tokens=16, eos_token_ids=eos)
@@ -102,6 +102,8 @@ def test_draft_lm_distils_and_drafts(target, tiny, prompts, eos, tmp_path):
     train_draft_lm(config, model, tokenizer, data, tmp_path)
     meta = json.loads((tmp_path / "train_meta.json").read_text())
     assert meta["held_out_ce"] > 0
+    weights = tmp_path / "model.safetensors"
+    assert weights.stat().st_size < 2 * 49152 * 64 * 2 * 0.75, "the tied embedding was stored twice"
     drafter = build_drafter("draft-lm", model, tokenizer, draft_model=str(tmp_path))
     plain = autoregressive_generate(model, prompts[3], max_new_tokens=12, eos_token_ids=eos)
     assert speculative_generate(model, prompts[3], drafter, FixedLength(3), max_new_tokens=12,
