@@ -70,9 +70,9 @@ def build_feature_cache(
     folder.mkdir(parents=True, exist_ok=True)
     sequences = [p + r for p, r in zip(data.prompts, data.responses)]
     offsets = np.cumsum([0] + [len(s) for s in sequences]).astype(np.int64)
-    total, width, dim = int(offsets[-1]), len(layers) + 1, model.config.hidden_size
+    total, rows, dim = int(offsets[-1]), len(layers) + 1, model.config.hidden_size  # rows: m layers + final
     mode = "r+" if (folder / "hidden.npy").is_file() else "w+"
-    hidden = np.lib.format.open_memmap(folder / "hidden.npy", mode=mode, dtype=np.float16, shape=(total, width, dim))
+    hidden = np.lib.format.open_memmap(folder / "hidden.npy", mode=mode, dtype=np.float16, shape=(total, rows, dim))
     lse = np.lib.format.open_memmap(folder / "lse.npy", mode=mode, dtype=np.float32, shape=(total,))
     progress_file = folder / "progress.json"
     done = json.loads(progress_file.read_text())["sequences"] if progress_file.is_file() else 0
