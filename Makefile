@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test data train-drafters train-quick clean-cache
+.PHONY: setup run test bench bench-full data train-drafters train-quick clean-cache
 
 setup: $(STAMP)
 
@@ -18,9 +18,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# Main job: plain vs n-gram vs oracle speculative decoding, side by side, on the smoke prompts.
-run: setup
-	$(BIN)/dspark compare
+# Main job: every method and peer side by side on one prompt of each benchmark, greedy and
+# temperature 1 (the quick benchmark profile; a few minutes). Rows in data/results/bench-quick/.
+run: bench
+
+# Benchmarks (resumable: re-running continues an interrupted run; add FRESH=--fresh to start over).
+bench: setup
+	$(BIN)/dspark bench --profile quick $(FRESH)
+
+bench-full: setup
+	$(BIN)/dspark bench --profile full $(FRESH)
 
 # Tests: exact algebra, statistics, greedy identity on the default target, CLI, notebooks (papermill).
 test: setup

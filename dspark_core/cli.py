@@ -1,17 +1,17 @@
-"""The ``dspark`` command line: ``dspark generate`` and ``dspark compare``."""
+"""The ``dspark`` command line: ``generate``, ``bench``, ``data`` and ``train``."""
 
 from __future__ import annotations
 
 import argparse
-import json
+import shutil
 import sys
+from dataclasses import fields, replace
 from pathlib import Path
 
-from .compare import compare, conditional_acceptance, machine_info, parse_methods, summarize, timestamp
+from .bench import BENCHMARKS, PROFILES, RESULTS_DIR, BenchSettings, report, run_bench
 from .decoding import GenerationResult, autoregressive_generate, speculative_generate
 from .drafters.registry import DRAFTER_NAMES, build_drafter
 from .policies import FixedLength
-from .prompts import REPO_ROOT, SMOKE_PROMPTS, load_prompt_set
 from .sampling import SamplingConfig
 from .target import DEFAULT_TARGET, encode_prompt, eos_token_ids, load_target
 
@@ -53,22 +53,16 @@ def cmd_generate(args: argparse.Namespace) -> None:
     _print_rounds(result, args.gamma if drafter else 0)
 
 
-def cmd_compare(args: argparse.Namespace) -> None:
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    methods = parse_methods(args.methods)
-    records = load_prompt_set(args.prompts)[: args.n_prompts]
-    model, tokenizer = load_target(args.model, device=args.device)
-    out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"compare-{timestamp()}"
-    settings = {**vars(args), "func": None, "machine": machine_info()}
-    Path(f"{stem}.json").write_text(json.dumps(settings, indent=2, default=str))
-    rows = compare(model, tokenizer, records, methods, sampling=sampling, max_new_tokens=args.max_new_tokens,
-                   seed=args.seed, out_csv=Path(f"{stem}.csv"))
-    print(summarize(rows).to_string())
-    print("\nconditional acceptance per position:")
-    print(conditional_acceptance(rows).to_string())
-    print(f"\nrows: {stem}.csv  settings: {stem}.json")
+def cmd_bench(args: argparse.Namespace) -> None:
+    overrides = {f.name: getattr(args, f.name) for f in fields(BenchSettings) if getattr(args, f.name, None) is not None}
+    settings = replace(PROFILES[args.profile], **overrides)
+    out = Path(args.out or RESULTS_DIR / f"bench-{args.profile}")
+    if args.fresh and out.exists():
+        shutil.rmtree(out)
+    model, tokenizer = load_target(settings.model, device=args.device)
+    rows = run_bench(settings, out, model, tokenizer)
+    print(report(rows))
+    print(f"\nrows: {out / 'rows.csv'}  settings: {out / 'settings.json'}")
 
 
 def cmd_data(args: argparse.Namespace) -> None:
@@ -126,14 +120,27 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(gen)
     gen.set_defaults(func=cmd_generate)
 
-    cmp = sub.add_parser("compare", help="plain vs speculative decoding side by side on a prompt set")
-    cmp.add_argument("--prompts", default=str(SMOKE_PROMPTS), help="JSONL prompt set")
-    cmp.add_argument("--n-prompts", type=int, default=None, help="use only the first N prompts")
-    cmp.add_argument("--methods", default="ngram:3,5,7;oracle:3,5,7",
-                     help="drafter[=checkpoint]:gammas;... e.g. 'ngram:3,5;dspark=runs/dspark-markov:7' (plain always runs)")
-    cmp.add_argument("--out-dir", default=str(REPO_ROOT / "data" / "results"))
-    _add_common(cmp)
-    cmp.set_defaults(func=cmd_compare)
+    bench = sub.add_parser("bench", help="methods x benchmarks x temperatures side by side (resumable)")
+    bench.add_argument("--profile", choices=sorted(PROFILES), default="quick",
+                       help="quick: 1 prompt per benchmark, 64 tokens (minutes); full: 8 prompts, 128 tokens (hours)")
+    bench.add_argument("--benchmarks", type=lambda s: tuple(s.split(",")), default=None,
+                       help=f"comma-separated names in data/prompts/ or JSONL paths (default: {','.join(BENCHMARKS)})")
+    bench.add_argument("--methods", default=None,
+                       help="'name[=folder][:gammas];...', e.g. 'ngram:3,7;dspark-markov:7;dflash=runs/x:7;hf-assisted' "
+                            "(plain decoding always runs)")
+    bench.add_argument("--temperatures", type=lambda s: tuple(float(t) for t in s.split(",")), default=None,
+                       help="comma-separated, e.g. 0,1 (0 is greedy)")
+    bench.add_argument("--n-prompts", type=int, default=None, help="first N records of each benchmark")
+    bench.add_argument("--max-new-tokens", type=int, default=None)
+    bench.add_argument("--seed", type=int, default=None)
+    bench.add_argument("--top-k", type=int, default=None)
+    bench.add_argument("--top-p", type=float, default=None)
+    bench.add_argument("--model", default=None, help="target: the embedded default, a hub id or a folder")
+    bench.add_argument("--device", default="cpu")
+    bench.add_argument("--out", default=None, help="run folder (default data/results/bench-<profile>); "
+                                                 "re-running resumes it")
+    bench.add_argument("--fresh", action="store_true", help="discard what the run folder holds and start over")
+    bench.set_defaults(func=cmd_bench)
 
     from .distill import DISTILL_DIR, DistillSettings
     from .train_prompts import TRAIN_PROMPTS

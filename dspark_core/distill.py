@@ -23,7 +23,7 @@ from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .compare import machine_info
+from .provenance import machine_info
 from .prompts import REPO_ROOT, first_turn_messages
 from .target import encode_prompt, eos_token_ids, target_fingerprint
 

@@ -1,13 +1,19 @@
 """Verification-length policies: how many of the drafted tokens the target verifies this round.
 
 A policy decides from draft-side information only (the draft and its confidences), never from the
-target's verdict, which keeps verification lossless. The decoding loop asks the drafter for
-``policy.max_draft`` tokens and verifies ``policy.verify_length(draft, budget)`` of them.
+target's verdict. For losslessness the decision "verify position k" may depend on tokens 1..k-1 of
+the draft but not on token k itself (the *non-anticipating* property, paper Appendix A): every
+policy here stops at the first position it rejects, and position k's confidence c_k depends on
+token k-1 only. The decoding loop asks the drafter for ``policy.max_draft`` tokens and verifies
+``policy.verify_length(draft, budget)`` of them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+import torch
 
 from .drafters.base import Draft
 
@@ -20,13 +26,131 @@ class VerificationPolicy(Protocol):
         ...
 
 
+def _check_gamma(gamma: int) -> None:
+    if gamma < 0:
+        raise ValueError(f"gamma must be >= 0, got {gamma}")
+
+
+def _confidences(draft: Draft) -> torch.Tensor:
+    if draft.confidences is None:
+        raise ValueError("This policy needs per-position confidences: use a dspark drafter (it has a confidence head).")
+    return draft.confidences.double()
+
+
+def _leading_true(keep: torch.Tensor) -> int:
+    """Length of the run of True at the start of a 1-D bool tensor."""
+    return int(torch.cumprod(keep.long(), 0).sum())
+
+
 class FixedLength:
     """Draft ``gamma`` tokens and verify all of them (up to the remaining token budget)."""
 
     def __init__(self, gamma: int):
-        if gamma < 0:
-            raise ValueError(f"gamma must be >= 0, got {gamma}")
+        _check_gamma(gamma)
         self.max_draft = gamma
 
     def verify_length(self, draft: Draft, budget: int) -> int:
         return max(0, min(len(draft), self.max_draft, budget))
+
+
+class ConfidenceThreshold:
+    """Verify the draft up to the first position whose confidence c_k is below ``threshold``."""
+
+    def __init__(self, gamma: int, threshold: float):
+        _check_gamma(gamma)
+        self.max_draft, self.threshold = gamma, threshold
+
+    def verify_length(self, draft: Draft, budget: int) -> int:
+        return min(_leading_true(_confidences(draft) >= self.threshold), budget)
+
+
+class SurvivalThreshold:
+    """Verify the draft while the survival probability a_k = c_1 ... c_k is at least ``threshold``."""
+
+    def __init__(self, gamma: int, threshold: float):
+        _check_gamma(gamma)
+        self.max_draft, self.threshold = gamma, threshold
+
+    def verify_length(self, draft: Draft, budget: int) -> int:
+        return min(_leading_true(torch.cumprod(_confidences(draft), 0) >= self.threshold), budget)
+
+
+def schedule_prefixes(
+    survivals: Sequence[torch.Tensor],
+    steps_per_second: Callable[[int], float],
+    lossy_retrospective: bool = False,
+) -> list[int]:
+    """Paper Algorithm 1: verification lengths l_1..l_R maximising tau* x SPS(B) over R requests.
+
+    survivals[r]: [g_r] non-increasing prefix survival probabilities a_{r,1..g_r}.
+    steps_per_second(B): target forward steps per second with B tokens in the batch (B >= R).
+    Candidates (r, j) are admitted in descending a_{r,j} (ties: smaller j first, so a prefix is
+    always admitted before its extension); each admission adds one token to the batch and a_{r,j}
+    to the expected accepted tokens. The search ends at the first admission that does not raise the
+    throughput (the early stop), which keeps the decision for x_{r,j} independent of x_{r,j} itself.
+    ``lossy_retrospective=True`` drops the early stop and returns the best point of the whole path:
+    that leaks future tokens into the admission and is NOT lossless (a demonstration, Appendix A).
+    """
+    requests = len(survivals)
+    candidates = sorted(
+        ((float(a), j, r) for r, surv in enumerate(survivals) for j, a in enumerate(surv.tolist(), start=1) if a > 0),
+        key=lambda c: (-c[0], c[1], c[2]),
+    )
+    lengths, best = [0] * requests, [0] * requests
+    batch, expected = requests, float(requests)
+    best_throughput = expected * steps_per_second(batch)
+    for a, j, r in candidates:
+        lengths[r], batch, expected = j, batch + 1, expected + a
+        throughput = expected * steps_per_second(batch)
+        if throughput > best_throughput:
+            best_throughput, best = throughput, list(lengths)
+        elif not lossy_retrospective:
+            break
+    return best
+
+
+class HardwareAware:
+    """Single-request Algorithm 1: verify the prefix that maximises expected tokens per second
+    under the measured cost profile ``steps_per_second(B)`` (B = 1 + verified tokens).
+    ``lossy_retrospective`` is the NOT lossless variant without the early stop (demonstration only)."""
+
+    def __init__(self, gamma: int, steps_per_second: Callable[[int], float], lossy_retrospective: bool = False):
+        _check_gamma(gamma)
+        self.max_draft, self.steps_per_second = gamma, steps_per_second
+        self.lossy_retrospective = lossy_retrospective
+
+    def verify_length(self, draft: Draft, budget: int) -> int:
+        survival = torch.cumprod(_confidences(draft), 0)
+        return min(schedule_prefixes([survival], self.steps_per_second, self.lossy_retrospective)[0], budget)
+
+
+def first_token_law(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    survivals_given_first: Callable[[int], torch.Tensor],
+    policy: VerificationPolicy,
+) -> torch.Tensor:
+    """Exact distribution [V] of the first emitted token of one round, for a single request.
+
+    p, q: [V] target and draft distributions at position 1; survivals_given_first(x): the draft's
+    confidences c_1..c_g when the first drafted token is x (they may depend on x through c_2..).
+    The policy is run on every possible first token; a verified token is accepted with
+    min(1, p/q) and otherwise replaced from the residual; an unverified one is replaced by a
+    fresh sample from p. Equals p exactly for every non-anticipating policy (paper Appendix A).
+    """
+    from .verification import acceptance_probability, residual
+
+    out = torch.zeros_like(p)
+    for x in range(len(q)):
+        if q[x] == 0:
+            continue
+        confidences = survivals_given_first(x)
+        draft = Draft(tokens=torch.full((len(confidences),), x), probs=q.expand(len(confidences), -1),
+                      confidences=confidences)
+        if policy.verify_length(draft, len(confidences)) == 0:
+            out += q[x] * p
+            continue
+        accept = acceptance_probability(p[x], q[x])
+        out[x] += q[x] * accept
+        out += q[x] * (1 - accept) * residual(p, q)
+    return out

@@ -27,7 +27,7 @@ from safetensors.torch import load_model, save_file, save_model
 from tqdm.auto import tqdm
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
-from .compare import machine_info
+from .provenance import machine_info
 from .distill import DistillData
 from .features import FeatureCache
 from .models import DrafterConfig, EagleDrafter, ParallelDrafter, drafter_loss

@@ -157,8 +157,8 @@ def test_cli_generate_with_a_drafter_checkpoint(target, tmp_path, capsys):
     assert "conditional acceptance per position" in capsys.readouterr().out
     assert main(args + ["--drafter", "dflash"]) == 2
     assert "holds a dspark drafter, not dflash" in capsys.readouterr().err
-    assert main(["compare", "--n-prompts", "1", "--methods", f"dspark={tmp_path / 'dspark'}:5", "--max-new-tokens", "8",
-                 "--out-dir", str(tmp_path)]) == 0
+    assert main(["bench", "--benchmarks", "smoke", "--n-prompts", "1", "--temperatures", "0",
+                 "--methods", f"dspark={tmp_path / 'dspark'}:5", "--max-new-tokens", "8", "--out", str(tmp_path / "b")]) == 0
     out = capsys.readouterr().out
     assert "dspark@5" in out and "conditional acceptance per position" in out
 

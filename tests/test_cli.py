@@ -1,5 +1,7 @@
 """The command line end to end on the default target, with tiny settings."""
 
+import json
+
 import pandas as pd
 
 from dspark_core.cli import main
@@ -18,12 +20,27 @@ def test_generate_oracle(capsys):
     assert "acceptance 1.000" in capsys.readouterr().out
 
 
-def test_compare_writes_rows_and_summary(tmp_path, capsys):
-    assert main(["compare", "--n-prompts", "2", "--methods", "ngram:3;oracle:3", "--max-new-tokens", "16",
-                 "--out-dir", str(tmp_path)]) == 0
-    rows = pd.read_csv(next(tmp_path.glob("compare-*.csv")))
-    assert set(rows["method"]) == {"plain", "ngram@3", "oracle@3"} and len(rows) == 6
+BENCH = ["bench", "--benchmarks", "smoke", "--n-prompts", "2", "--methods", "ngram:3;oracle:3;hf-prompt-lookup:3",
+         "--temperatures", "0", "--max-new-tokens", "12"]
+
+
+def test_bench_writes_rows_resumes_and_refuses_other_settings(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(BENCH + ["--out", str(out)]) == 0
+    rows = pd.read_csv(out / "rows.csv")
+    assert set(rows["method"]) == {"plain", "ngram@3", "oracle@3", "hf-prompt-lookup@3"} and len(rows) == 8
     assert rows["same_as_plain"].all()
     assert (rows.loc[rows["method"] == "oracle@3", "acceptance_rate"] == 1.0).all()
-    assert next(tmp_path.glob("compare-*.json")).is_file()
-    assert "speedup" in capsys.readouterr().out
+    assert json.loads((out / "settings.json").read_text())["machine"]["git_commit"]
+    assert "speedup per domain" in capsys.readouterr().out
+
+    # An interrupted run: drop the second prompt's rows; re-running measures only what is missing.
+    first = rows[rows["prompt_id"] == rows["prompt_id"].iloc[0]]
+    first.to_csv(out / "rows.csv", index=False)
+    assert main(BENCH + ["--out", str(out)]) == 0
+    resumed = pd.read_csv(out / "rows.csv")
+    assert len(resumed) == 8 and resumed.iloc[:4].equals(first.reset_index(drop=True))
+    assert (resumed.groupby("method")["prompt_id"].nunique() == 2).all()
+
+    assert main(BENCH[:-1] + ["16", "--out", str(out)]) == 2
+    assert "holds a run with other settings" in capsys.readouterr().err

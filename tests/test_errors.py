@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerFast
 
 from dspark_core import DraftLMDrafter, FixedLength, NgramDrafter, encode_prompt, load_target, speculative_generate
 from dspark_core.cli import main
-from dspark_core.compare import parse_methods
+from dspark_core.bench import parse_methods
 from dspark_core.drafters import build_drafter
 from dspark_core.prompts import load_prompt_set
 
@@ -32,12 +32,14 @@ def test_drafter_without_policy(target, prompts):
         speculative_generate(target[0], prompts[0], NgramDrafter())
 
 
-def test_unknown_drafter(target):
+def test_unknown_drafter_and_missing_checkpoints(target, tmp_path):
     with pytest.raises(ValueError, match="Unknown drafter 'eagle9'.*ngram"):
         build_drafter("eagle9", *target)
-    for name in ("draft-lm", "dflash", "dspark"):
-        with pytest.raises(ValueError, match=f"The {name} drafter needs a checkpoint"):
-            build_drafter(name, *target)
+    for name in ("eagle", "dflash", "dspark"):
+        with pytest.raises(ValueError, match="Could not load the drafter checkpoint .* missing, truncated or corrupt"):
+            build_drafter(name, *target, draft_model=str(tmp_path / "missing"))
+    with pytest.raises(ValueError, match="Could not load model"):
+        build_drafter("draft-lm", *target, draft_model=str(tmp_path / "missing"))
     with pytest.raises(ValueError, match="reference continuation"):
         build_drafter("oracle", *target)
 
@@ -59,6 +61,8 @@ def test_bad_gamma_and_methods():
         FixedLength(-1)
     with pytest.raises(ValueError, match="needs block lengths"):
         parse_methods("ngram")
+    with pytest.raises(ValueError, match="Unknown method 'ngramm'"):
+        parse_methods("ngramm:3")
 
 
 def test_bad_prompt_file(tmp_path):

@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..target import load_target
+from ..prompts import REPO_ROOT
+from ..target import DEFAULT_TARGET, load_target
 from .base import Drafter
 from .trained import load_trained_drafter
 from .draft_lm import DraftLMDrafter
 from .lookup import NgramDrafter, OracleDrafter
 
 DRAFTER_NAMES = ("none", "ngram", "draft-lm", "oracle", "eagle", "dflash", "dspark")
+SHIPPED_DIR = REPO_ROOT / "data" / "drafters" / DEFAULT_TARGET
+SHIPPED_DRAFTERS = ("eagle", "dflash", "dspark-markov", "dspark-rnn")  # and the draft LM, "draft-lm"
+
+
+def shipped_drafter(name: str) -> Path:
+    """Folder of a drafter shipped for the default target (``eagle``, ``dflash``, ``dspark-markov``,
+    ``dspark-rnn`` or ``draft-lm``); ``make train-drafters`` re-creates them."""
+    if name not in SHIPPED_DRAFTERS + ("draft-lm",):
+        raise ValueError(f"No shipped drafter {name!r}; shipped: {', '.join(SHIPPED_DRAFTERS + ('draft-lm',))}.")
+    return SHIPPED_DIR / name
 
 
 def build_drafter(
@@ -25,9 +37,10 @@ def build_drafter(
 ) -> Drafter | None:
     """A drafter by name (``None`` for ``"none"``, plain decoding).
 
-    draft-lm needs ``draft_model``, a Hugging Face id or folder of a causal LM with the target's
-    tokenizer; eagle, dflash and dspark need ``draft_model``, a trained drafter folder for this target;
-    oracle needs ``reference``, the continuation it will propose.
+    draft-lm takes ``draft_model``, a Hugging Face id or folder of a causal LM with the target's
+    tokenizer; eagle, dflash and dspark take ``draft_model``, a trained drafter folder for this
+    target. Without one they use the drafters shipped for the default target (dspark: the Markov
+    head). oracle needs ``reference``, the continuation it will propose.
     """
     if name == "none":
         return None
@@ -38,8 +51,7 @@ def build_drafter(
             raise ValueError("The oracle drafter needs a reference continuation (e.g. the target's greedy output).")
         return OracleDrafter(reference)
     if name in ("draft-lm", "eagle", "dflash", "dspark"):
-        if not draft_model:
-            raise ValueError(f"The {name} drafter needs a checkpoint: pass --draft-model <folder or hub id>.")
+        draft_model = draft_model or str(shipped_drafter("dspark-markov" if name == "dspark" else name))
         if name != "draft-lm":
             drafter = load_trained_drafter(draft_model, target_model, target_tokenizer)
             if drafter.drafter.config.kind != name:

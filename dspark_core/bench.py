@@ -1,0 +1,348 @@
+"""The benchmark harness: methods x benchmarks x temperatures, side by side in one run.
+
+For every temperature and every prompt turn, plain decoding runs first and then every method, so
+each ratio compares runs made seconds apart on the same machine state. Rows go to
+``<out>/rows.csv`` as soon as a prompt's methods are all measured, with the settings and machine
+in ``<out>/settings.json``; re-running the same command skips what is already there, so an
+interrupted run loses nothing. Speedup is the median over prompts of the per-prompt throughput
+ratio ``(method tok/s) / (plain tok/s)``.
+
+Methods are ours (``ngram``, ``oracle``, ``draft-lm``, ``eagle``, ``dflash``, ``dspark-markov``,
+``dspark-rnn``: :func:`speculative_generate`) or peers run through transformers' public API
+(``hf-generate``: ``model.generate``; ``hf-assisted``: assisted generation with the draft LM at the
+library's default settings; ``hf-prompt-lookup``: prompt lookup decoding).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from .decoding import GenerationResult, autoregressive_generate, speculative_generate
+from .drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter
+from .policies import FixedLength
+from .prompts import REPO_ROOT, load_prompt_set
+from .provenance import machine_info
+from .sampling import SamplingConfig
+from .target import encode_prompt, eos_token_ids, load_target
+
+PROMPT_DIR = REPO_ROOT / "data" / "prompts"
+RESULTS_DIR = REPO_ROOT / "data" / "results"
+BENCHMARKS = ("math", "humaneval", "chat", "long_input", "format")
+PEERS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
+OURS = ("ngram", "oracle", "draft-lm", "eagle", "dflash", "dspark", *SHIPPED_DRAFTERS)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A drafter (or peer) name, a block length and, for trained drafters, a checkpoint folder.
+    Plain decoding is ``Method("plain", 0)``; a peer's ``gamma`` 0 means the library default."""
+
+    name: str
+    gamma: int = 0
+    checkpoint: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.name in ("plain", "hf-generate") or (self.name in PEERS and not self.gamma):
+            return self.name
+        shown = Path(self.checkpoint).name if self.checkpoint and self.name not in PEERS else self.name
+        return f"{shown}@{self.gamma}"
+
+    @property
+    def drafter(self) -> str:
+        """The drafter kind :func:`build_drafter` takes."""
+        return "dspark" if self.name.startswith("dspark") else self.name
+
+
+PLAIN = Method("plain")
+
+
+def parse_methods(spec: str) -> list[Method]:
+    """``"ngram:3,5;dspark-markov:7;dflash=runs/x:7;hf-assisted;hf-prompt-lookup:10"`` -> methods.
+
+    ``name[=folder][:g1,g2]``. Trained drafters without ``=folder`` use the shipped checkpoint for
+    the default target; block lengths are required except for peers.
+    """
+    methods = []
+    for part in filter(None, (p.strip() for p in spec.split(";"))):
+        head, _, gammas = part.partition(":")
+        name, _, checkpoint = head.partition("=")
+        name, checkpoint = name.strip(), checkpoint.strip() or None
+        if name not in OURS + PEERS:
+            raise ValueError(f"Unknown method {name!r} in {spec!r}; choose from {', '.join(OURS + PEERS)}.")
+        if not gammas and name not in PEERS:
+            raise ValueError(f"Method {part!r} needs block lengths, e.g. 'ngram:3,5,7' or 'dspark=<folder>:7'.")
+        if checkpoint is None and (name in SHIPPED_DRAFTERS or name in ("draft-lm", "hf-assisted")):
+            checkpoint = str(shipped_drafter("draft-lm" if name == "hf-assisted" else name))
+        for g in (gammas.split(",") if gammas else ["0"]):
+            methods.append(Method(name, int(g), checkpoint))
+    return methods
+
+
+@dataclass
+class BenchSettings:
+    """One benchmark run. ``benchmarks`` are names of ``data/prompts/<name>.jsonl`` or JSONL paths;
+    ``n_prompts`` caps the records taken from each (first N); every turn of a record is measured."""
+
+    benchmarks: tuple[str, ...] = BENCHMARKS
+    methods: str = "ngram:7;oracle:7"
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    n_prompts: int | None = 2
+    max_new_tokens: int = 128
+    seed: int = 0
+    top_k: int = 0
+    top_p: float = 1.0
+    model: str = "smollm2-135m-instruct"
+
+    def __post_init__(self) -> None:
+        self.benchmarks, self.temperatures = tuple(self.benchmarks), tuple(float(t) for t in self.temperatures)
+        if not self.benchmarks or not self.temperatures:
+            raise ValueError("Pass at least one benchmark and one temperature.")
+        if self.max_new_tokens < 1 or (self.n_prompts is not None and self.n_prompts < 1):
+            raise ValueError("max_new_tokens and n_prompts must be >= 1.")
+        parse_methods(self.methods)  # fail early on a bad spec
+
+
+PROFILES = {
+    "quick": BenchSettings(
+        methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7;dspark-rnn:7;"
+                "hf-generate;hf-assisted;hf-prompt-lookup:10",
+        n_prompts=1, max_new_tokens=64,
+    ),
+    "full": BenchSettings(
+        methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7;dspark-rnn:7;"
+                "hf-generate;hf-assisted;hf-prompt-lookup:10",
+        n_prompts=8, max_new_tokens=128,
+    ),
+}
+
+
+def benchmark_path(name: str) -> Path:
+    path = Path(name) if name.endswith(".jsonl") else PROMPT_DIR / f"{name}.jsonl"
+    if not path.is_file():
+        known = ", ".join(sorted(p.stem for p in PROMPT_DIR.glob("*.jsonl") if p.stem != "train"))
+        raise FileNotFoundError(f"No benchmark {name!r} ({path} is missing); known benchmarks: {known}.")
+    return path
+
+
+@dataclass
+class _Peer:
+    """A transformers peer: one ``model.generate`` call per prompt, timed end to end."""
+
+    method: Method
+    assistant: PreTrainedModel | None = None
+
+    def generate(self, model: PreTrainedModel, prompt: torch.Tensor, sampling: SamplingConfig,
+                 max_new_tokens: int, seed: int, eos: tuple[int, ...]) -> GenerationResult:
+        kwargs: dict = {"max_new_tokens": max_new_tokens, "eos_token_id": list(eos), "pad_token_id": eos[0]}
+        if sampling.greedy:
+            kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+        else:
+            kwargs.update(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+        if self.method.name == "hf-assisted":
+            kwargs["assistant_model"] = self.assistant
+            if self.method.gamma:
+                kwargs["num_assistant_tokens"] = self.method.gamma
+        if self.method.name == "hf-prompt-lookup":
+            kwargs["prompt_lookup_num_tokens"] = self.method.gamma or 10
+        ids = prompt[None].to(model.device)
+        torch.manual_seed(seed)
+        start = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        elapsed = time.perf_counter() - start
+        return GenerationResult(prompt_len=len(prompt), tokens=out[0, len(prompt):].tolist(), total_time=elapsed)
+
+
+@dataclass
+class _Runner:
+    """Builds each method once (the oracle per prompt: it needs the plain output) and runs it."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    built: dict = field(default_factory=dict)
+
+    def run(self, method: Method, prompt: torch.Tensor, plain: GenerationResult | None, **kwargs) -> GenerationResult:
+        if method.name in PEERS:
+            peer = self.built.get(method)
+            if peer is None:
+                assistant = load_target(method.checkpoint)[0] if method.name == "hf-assisted" else None
+                peer = self.built[method] = _Peer(method, assistant)
+            return peer.generate(self.model, prompt, kwargs["sampling"], kwargs["max_new_tokens"], kwargs["seed"],
+                                 kwargs["eos_token_ids"])
+        if method is PLAIN:
+            return autoregressive_generate(self.model, prompt, **kwargs)
+        if method.name == "oracle":
+            drafter = build_drafter("oracle", self.model, self.tokenizer, reference=plain.tokens)
+        else:
+            drafter = self.built.get(method)
+            if drafter is None:
+                drafter = self.built[method] = build_drafter(method.drafter, self.model, self.tokenizer,
+                                                             draft_model=method.checkpoint)
+        return speculative_generate(self.model, prompt, drafter, FixedLength(method.gamma), **kwargs)
+
+
+def _row(key: dict, method: Method, result: GenerationResult, plain: GenerationResult, greedy: bool) -> dict:
+    measured_rounds = bool(result.rounds) and method is not PLAIN
+    reached, accepted = result.position_counts(method.gamma) if measured_rounds else ([], [])
+    plain_per_token = plain.total_time / max(1, len(plain.tokens))
+    draft_time = sum(r.draft_time for r in result.rounds)
+    verify_time = sum(r.verify_time for r in result.rounds)
+    n_rounds = len(result.rounds)
+    return {
+        **key,
+        "method": method.label,
+        "family": method.name,
+        "gamma": method.gamma,
+        "new_tokens": len(result.tokens),
+        "rounds": n_rounds if result.rounds else np.nan,
+        "tau": result.tau if result.rounds else np.nan,
+        "acceptance_rate": result.acceptance_rate if measured_rounds else np.nan,
+        "draft_time": draft_time if result.rounds else np.nan,
+        "verify_time": verify_time if result.rounds else np.nan,
+        "total_time": result.total_time,
+        "tokens_per_s": result.tokens_per_second,
+        "speedup": result.tokens_per_second * plain_per_token,
+        "draft_cost_per_round": draft_time / n_rounds / plain_per_token if measured_rounds else np.nan,
+        "verify_cost_per_round": verify_time / n_rounds / plain_per_token if measured_rounds else np.nan,
+        "same_as_plain": (result.tokens == plain.tokens) if greedy else np.nan,
+        "reached_per_position": json.dumps(reached),
+        "accepted_per_position": json.dumps(accepted),
+    }
+
+
+def _prepare_out_dir(out_dir: Path, settings: BenchSettings) -> set[tuple]:
+    """Check a resumed run has the same settings; return the (temperature, benchmark, prompt, turn) done."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings_file, rows_file = out_dir / "settings.json", out_dir / "rows.csv"
+    wanted = asdict(settings)
+    if settings_file.is_file():
+        stored = json.loads(settings_file.read_text())
+        if stored["settings"] != json.loads(json.dumps(wanted)):
+            raise ValueError(f"{out_dir} holds a run with other settings ({settings_file}); pass another output "
+                             "folder, or --fresh to discard it.")
+    else:
+        settings_file.write_text(json.dumps({"settings": wanted, "machine": machine_info(),
+                                             "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
+    if not rows_file.is_file():
+        return set()
+    done = pd.read_csv(rows_file, usecols=["temperature", "benchmark", "prompt_id", "turn"])
+    return set(done.itertuples(index=False, name=None))
+
+
+def run_bench(
+    settings: BenchSettings,
+    out_dir: Path,
+    model: PreTrainedModel | None = None,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+) -> pd.DataFrame:
+    """Run (or resume) a benchmark into ``out_dir`` and return all its rows.
+
+    Turn t > 1 of a record is asked after the plain greedy answer of the turns before it (the same
+    history for every method). With temperature 0, ``same_as_plain`` records whether a method's
+    tokens equal plain decoding's.
+    """
+    done = _prepare_out_dir(out_dir, settings)
+    methods = parse_methods(settings.methods)
+    if model is None or tokenizer is None:
+        model, tokenizer = load_target(settings.model)
+    eos = eos_token_ids(model, tokenizer)
+    runner = _Runner(model, tokenizer)
+    items = [(name, record) for name in settings.benchmarks
+             for record in load_prompt_set(benchmark_path(name))[: settings.n_prompts]]
+    jobs = [(t, name, record, turn) for t in settings.temperatures for name, record in items
+            for turn in range(1, len(record["turns"]) + 1)]
+    rows_file = out_dir / "rows.csv"
+    autoregressive_generate(model, encode_prompt(tokenizer, "Warm up."), max_new_tokens=4, eos_token_ids=eos)
+    history: dict[tuple, list[dict]] = {}
+    with tqdm(jobs, desc="bench", unit="turn") as bar:
+        for temperature, name, record, turn in bar:
+            sampling = SamplingConfig(temperature, settings.top_k, settings.top_p)
+            greedy_kwargs = dict(sampling=SamplingConfig(), max_new_tokens=settings.max_new_tokens,
+                                 seed=settings.seed, eos_token_ids=eos)
+            messages = history.get((record["id"], turn), []) + [{"role": "user", "content": record["turns"][turn - 1]}]
+            if turn < len(record["turns"]):
+                answer = autoregressive_generate(model, encode_prompt(tokenizer, messages), **greedy_kwargs).tokens
+                history[(record["id"], turn + 1)] = messages + [
+                    {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
+            if (temperature, name, record["id"], turn) in done:
+                continue
+            prompt = encode_prompt(tokenizer, messages)
+            kwargs = dict(sampling=sampling, max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                          eos_token_ids=eos)
+            key = {"temperature": temperature, "benchmark": name, "domain": record["domain"],
+                   "prompt_id": record["id"], "turn": turn}
+            plain = runner.run(PLAIN, prompt, None, **kwargs)
+            new_rows = [_row(key, PLAIN, plain, plain, sampling.greedy)]
+            for method in methods:
+                new_rows.append(_row(key, method, runner.run(method, prompt, plain, **kwargs), plain, sampling.greedy))
+            new_file = not rows_file.is_file()
+            with rows_file.open("a", newline="") as handle:
+                writer = csv.DictWriter(handle, fieldnames=list(new_rows[0]))
+                if new_file:
+                    writer.writeheader()
+                writer.writerows(new_rows)
+    return pd.read_csv(rows_file)
+
+
+# ------------------------------------------------------------------------------------ summaries
+def summarize(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per temperature and method: medians of tau, acceptance, tok/s, per-prompt speedup, draft and
+    verify cost per round (in plain forwards), and the share of greedy outputs identical to plain."""
+    summary = rows.groupby(["temperature", "method"], sort=False).agg(
+        tau=("tau", "median"),
+        acceptance=("acceptance_rate", "median"),
+        tokens_per_s=("tokens_per_s", "median"),
+        speedup=("speedup", "median"),
+        draft_cost=("draft_cost_per_round", "median"),
+        verify_cost=("verify_cost_per_round", "median"),
+        same_as_plain=("same_as_plain", "mean"),
+        prompts=("prompt_id", "count"),
+    )
+    return summary.round(3)
+
+
+def per_domain(rows: pd.DataFrame, value: str = "speedup") -> pd.DataFrame:
+    """Median ``value`` per (temperature, method) x domain, plus the mean over domains."""
+    table = rows.pivot_table(index=["temperature", "method"], columns="domain", values=value, aggfunc="median", sort=False)
+    table["mean over domains"] = table.mean(axis=1)
+    return table.round(3)
+
+
+def _sum_padded(column: pd.Series) -> np.ndarray:
+    """Element-wise sum of JSON lists of different lengths (shorter ones padded with zeros)."""
+    lists = [json.loads(s) for s in column]
+    width = max(len(x) for x in lists)
+    return np.sum([np.pad(x, (0, width - len(x))) for x in lists], axis=0)
+
+
+def conditional_acceptance(rows: pd.DataFrame, by: tuple[str, ...] = ("temperature", "method")) -> pd.DataFrame:
+    """Accepted / reached per position k, where "reached" counts rounds that verified position k
+    with positions 1..k-1 accepted; one row per group of ``by``."""
+    table = {}
+    measured = rows[rows["reached_per_position"].map(lambda s: len(json.loads(s)) > 0)]
+    for group, part in measured.groupby(list(by), sort=False):
+        reached, accepted = (_sum_padded(part[column]) for column in ("reached_per_position", "accepted_per_position"))
+        width = len(reached)
+        table[group] = np.divide(accepted, reached, out=np.full(width, np.nan), where=reached > 0)
+    frame = pd.DataFrame.from_dict(table, orient="index")
+    frame.index = pd.MultiIndex.from_tuples(frame.index, names=list(by)) if len(by) > 1 else frame.index
+    frame.columns = [f"k={k + 1}" for k in frame.columns]
+    return frame.round(3)
+
+
+def report(rows: pd.DataFrame) -> str:
+    """The text the CLI prints: summary, speedup and tau per domain, conditional acceptance."""
+    parts = [("summary", summarize(rows)), ("speedup per domain (median of per-prompt ratios)", per_domain(rows)),
+             ("tau per domain (median)", per_domain(rows[rows["family"] != "plain"], "tau")),
+             ("conditional acceptance per position", conditional_acceptance(rows))]
+    return "\n\n".join(f"{title}:\n{table.to_string()}" for title, table in parts)

@@ -1,0 +1,42 @@
+"""Where and when a result was made: machine information, git commit and timestamps."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import time
+
+import torch
+
+from .prompts import REPO_ROOT
+
+
+def git_commit() -> str:
+    """The short commit hash of the working tree, with ``+dirty`` when it has uncommitted changes."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def machine_info() -> dict[str, str]:
+    """Host, processor, core count, torch build and threads, accelerator, git commit."""
+    return {
+        "host": platform.node(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": str(os.cpu_count()),
+        "torch": torch.__version__,
+        "threads": str(torch.get_num_threads()),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",
+        "git_commit": git_commit(),
+    }
+
+
+def timestamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
