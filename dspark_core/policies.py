@@ -32,6 +32,8 @@ def _check_gamma(gamma: int) -> None:
 
 
 def _confidences(draft: Draft) -> torch.Tensor:
+    if len(draft) == 0:
+        return torch.zeros(0, dtype=torch.float64)
     if draft.confidences is None:
         raise ValueError("This policy needs per-position confidences: use a dspark drafter (it has a confidence head).")
     return draft.confidences.double()
@@ -110,18 +112,31 @@ def schedule_prefixes(
 
 
 class HardwareAware:
-    """Single-request Algorithm 1: verify the prefix that maximises expected tokens per second
-    under the measured cost profile ``steps_per_second(B)`` (B = 1 + verified tokens).
+    """Algorithm 1 as a policy: verify the prefixes that maximise expected tokens per second under
+    the measured cost ``steps_per_second(tokens, requests)`` (tokens in the target forward, counting
+    each request's anchor). One request decides alone; :meth:`verify_lengths` schedules a batch.
     ``lossy_retrospective`` is the NOT lossless variant without the early stop (demonstration only)."""
 
-    def __init__(self, gamma: int, steps_per_second: Callable[[int], float], lossy_retrospective: bool = False):
+    def __init__(self, gamma: int, steps_per_second: Callable[[int, int], float], lossy_retrospective: bool = False):
         _check_gamma(gamma)
         self.max_draft, self.steps_per_second = gamma, steps_per_second
         self.lossy_retrospective = lossy_retrospective
 
+    def verify_lengths(self, drafts: Sequence[Draft], budgets: Sequence[int]) -> list[int]:
+        survivals = [torch.cumprod(_confidences(d), 0)[: max(0, b)] for d, b in zip(drafts, budgets)]
+        requests = len(drafts)
+        return schedule_prefixes(survivals, lambda tokens: self.steps_per_second(tokens, requests), self.lossy_retrospective)
+
     def verify_length(self, draft: Draft, budget: int) -> int:
-        survival = torch.cumprod(_confidences(draft), 0)
-        return min(schedule_prefixes([survival], self.steps_per_second, self.lossy_retrospective)[0], budget)
+        return self.verify_lengths([draft], [budget])[0]
+
+
+def verify_lengths(policy: VerificationPolicy, drafts: Sequence[Draft], budgets: Sequence[int]) -> list[int]:
+    """Verification lengths for requests verified together in one target forward: a policy with a
+    batch view (the hardware-aware scheduler) decides jointly, any other decides per request."""
+    if hasattr(policy, "verify_lengths"):
+        return policy.verify_lengths(drafts, budgets)
+    return [policy.verify_length(d, b) for d, b in zip(drafts, budgets)]
 
 
 def first_token_law(

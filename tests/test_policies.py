@@ -29,7 +29,8 @@ def draft_with(confidences: list[float]) -> Draft:
 
 
 # ------------------------------------------------------------------------------------ Appendix A
-APPENDIX_SPS = {1: 1.0, 2: 0.5, 3: 0.45}.__getitem__
+APPENDIX = {1: 1.0, 2: 0.5, 3: 0.45}
+APPENDIX_SPS = APPENDIX.__getitem__
 
 
 @pytest.mark.parametrize("lossy, expected", [(True, (0.85, 0.15)), (False, (0.7, 0.3))])
@@ -37,7 +38,7 @@ def test_appendix_a_counterexample_exactly(lossy, expected):
     p, q = torch.tensor([0.7, 0.3], dtype=torch.float64), torch.tensor([0.5, 0.5], dtype=torch.float64)
     c2 = {0: 0.9, 1: 0.0}  # x1 = A gives a confident continuation, x1 = B a hopeless one
     law = first_token_law(p, q, lambda x: torch.tensor([0.8, c2[x]], dtype=torch.float64),
-                          HardwareAware(2, APPENDIX_SPS, lossy_retrospective=lossy))
+                          HardwareAware(2, lambda tokens, requests: APPENDIX[tokens], lossy_retrospective=lossy))
     assert torch.allclose(law, torch.tensor(expected, dtype=torch.float64), atol=1e-12)
 
 
@@ -80,7 +81,8 @@ def test_simple_policies():
     assert ConfidenceThreshold(4, 0.5).verify_length(draft, 10) == 2
     assert SurvivalThreshold(4, 0.7).verify_length(draft, 10) == 2  # 0.9, 0.72, 0.216
     assert SurvivalThreshold(4, 0.7).verify_length(draft, 1) == 1
-    assert HardwareAware(4, lambda b: 1.0).verify_length(draft, 10) == 4
+    assert HardwareAware(4, lambda b, r: 1.0).verify_length(draft, 10) == 4
+    assert HardwareAware(4, lambda b, r: 1.0).verify_length(draft, 2) == 2
     with pytest.raises(ValueError, match="confidence head"):
         ConfidenceThreshold(4, 0.5).verify_length(Draft(draft.tokens, draft.probs), 10)
 
@@ -102,7 +104,7 @@ def scheduled_histogram(profile: dict, lossy: bool, seed: int = 5) -> tuple[dict
     verification lengths the policy chose."""
     target, draft = tables(VOCAB, SamplingConfig(1.0), seed, dtype=torch.float32)
     confidence_after = torch.tensor([0.95, 0.05, 0.9, 0.1])
-    policy = HardwareAware(GAMMA, profile.__getitem__, lossy_retrospective=lossy)
+    policy = HardwareAware(GAMMA, lambda tokens, requests: profile[tokens], lossy_retrospective=lossy)
     gen = torch.Generator().manual_seed(seed)
     counts: dict[tuple[int, ...], int] = {}
     lengths = set()
