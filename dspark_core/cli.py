@@ -65,6 +65,18 @@ def cmd_bench(args: argparse.Namespace) -> None:
     print(f"\nrows: {out / 'rows.csv'}  settings: {out / 'settings.json'}")
 
 
+def cmd_profile(args: argparse.Namespace) -> None:
+    from .profile import default_profile_path, measure_profile
+
+    model, _ = load_target(args.model, device=args.device)
+    profile = measure_profile(model, tuple(args.requests), args.max_tokens, args.context, args.repeats)
+    path = profile.save(Path(args.out) if args.out else default_profile_path(args.device))
+    print("target forward steps per second (rows: requests R, columns: new tokens per request n)")
+    for rows, curve in profile.steps.items():
+        print(f"R={rows:>3}: " + " ".join(f"{s:7.2f}" for s in curve))
+    print(f"saved to {path}")
+
+
 def cmd_data(args: argparse.Namespace) -> None:
     from . import distill, train_prompts
 
@@ -141,6 +153,16 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "re-running resumes it")
     bench.add_argument("--fresh", action="store_true", help="discard what the run folder holds and start over")
     bench.set_defaults(func=cmd_bench)
+
+    prof = sub.add_parser("profile", help="measure target forward steps per second vs batch shape (for the scheduler)")
+    prof.add_argument("--requests", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="concurrent requests R")
+    prof.add_argument("--max-tokens", type=int, default=16, help="new tokens per request n = 1..N")
+    prof.add_argument("--context", type=int, default=128, help="cached tokens per request")
+    prof.add_argument("--repeats", type=int, default=5, help="timed forwards per shape (median)")
+    prof.add_argument("--model", default=DEFAULT_TARGET)
+    prof.add_argument("--device", default="cpu")
+    prof.add_argument("--out", default=None, help="JSON path (default: $DSPARK_CACHE_DIR/profiles/<host>-<device>.json)")
+    prof.set_defaults(func=cmd_profile)
 
     from .distill import DISTILL_DIR, DistillSettings
     from .train_prompts import TRAIN_PROMPTS

@@ -25,7 +25,8 @@ from .verification import AcceptanceRule, verify_chain
 @dataclass
 class RoundRecord:
     """One draft-verify round: ``proposed`` drafted, ``verified`` sent to the target, ``accepted``
-    of those kept, ``emitted`` tokens committed (accepted + the residual/bonus token, unless cut)."""
+    of those kept, ``emitted`` tokens committed (accepted + the residual/bonus token, unless cut);
+    ``confidences``: the drafter's per-position confidences of the proposed tokens, if it has them."""
 
     proposed: int
     verified: int
@@ -33,6 +34,7 @@ class RoundRecord:
     emitted: int
     draft_time: float
     verify_time: float
+    confidences: list[float] | None = None
 
 
 @dataclass
@@ -131,7 +133,8 @@ def speculative_generate(
         tokens += verdict.tokens
         result.tokens += verdict.tokens
         result.rounds.append(
-            RoundRecord(len(draft), length, verdict.accepted, len(verdict.tokens), t1 - t0, t2 - t1)
+            RoundRecord(len(draft), length, verdict.accepted, len(verdict.tokens), t1 - t0, t2 - t1,
+                        draft.confidences.tolist() if draft.confidences is not None else None)
         )
         if verdict.finished:
             break

@@ -13,6 +13,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..calibration import load_calibration, sampling_key, scaled
 from ..models.eagle import EagleDrafter
 from ..models.parallel import KV, ParallelDrafter, TargetBoundDrafter, concat_kv
 from ..models.config import DrafterConfig
@@ -49,7 +50,9 @@ def load_trained_drafter(
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise ValueError(f"Could not load the drafter checkpoint at {path}: it is missing, truncated or corrupt "
                          f"({type(err).__name__}: {err}). Re-create it with `dspark train` or restore the file.") from err
-    return EagleServing(drafter, model, tokenizer) if config.kind == "eagle" else BlockDrafter(drafter, model, tokenizer)
+    if config.kind == "eagle":
+        return EagleServing(drafter, model, tokenizer)
+    return BlockDrafter(drafter, model, tokenizer, calibration=load_calibration(Path(path)))
 
 
 def _bind(drafter: TargetBoundDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> TargetBoundDrafter:
@@ -104,7 +107,15 @@ class _ServedDrafter:
 
 
 class BlockDrafter(_ServedDrafter):
-    """Drafts one block per round with a :class:`ParallelDrafter` (dflash / dspark)."""
+    """Drafts one block per round with a :class:`ParallelDrafter` (dflash / dspark).
+
+    ``calibration`` maps a sampling key (see :func:`sampling_key`) to STS temperatures; the dspark
+    confidences are rescaled with them when serving at that sampling temperature."""
+
+    def __init__(self, drafter: ParallelDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 calibration: dict | None = None):
+        super().__init__(drafter, model, tokenizer)
+        self.calibration = calibration or {}
 
     def _extend(self, features: torch.Tensor, tokens: list[int]) -> None:
         ctx = self.drafter.fuse_context(features[None])
@@ -129,11 +140,14 @@ class BlockDrafter(_ServedDrafter):
             prev, q = _draft_from_logits(self.drafter, row, sampling, generator, vocab_size)
             tokens.append(prev)
             rows.append(q)
-        return Draft(
-            tokens=torch.stack(tokens).cpu(),
-            probs=torch.stack(rows),
-            confidences=torch.stack(confidences).float().cpu() if confidences else None,
-        )
+        calibrated = None
+        if confidences:
+            calibrated = torch.stack(confidences).double().cpu()
+            temperatures = self.calibration.get(sampling_key(sampling.temperature))
+            if temperatures is not None:
+                calibrated = torch.from_numpy(scaled(calibrated.numpy(), temperatures))
+            calibrated = calibrated.float()
+        return Draft(tokens=torch.stack(tokens).cpu(), probs=torch.stack(rows), confidences=calibrated)
 
 
 class EagleServing(_ServedDrafter):
