@@ -122,7 +122,7 @@ PROFILES = {
     "full": BenchSettings(
         methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7;dspark-rnn:7;"
                 "hf-generate;hf-assisted;hf-prompt-lookup:10",
-        n_prompts=8, max_new_tokens=128,
+        n_prompts=3, max_new_tokens=96,
     ),
 }
 

@@ -30,6 +30,9 @@ class Rounds:
     verified: np.ndarray
     accepted: np.ndarray
 
+    def subset(self, mask: np.ndarray) -> "Rounds":
+        return Rounds(self.confidences[mask], self.verified[mask], self.accepted[mask])
+
     def position(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(row mask of rounds that verified position k, label: the length-k prefix survived)."""
         return self.verified >= k, self.accepted >= k

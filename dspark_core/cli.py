@@ -8,9 +8,11 @@ import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
+import numpy as np
+
 from .bench import BENCHMARKS, PROFILES, RESULTS_DIR, BenchSettings, report, run_bench
 from .decoding import GenerationResult, autoregressive_generate, speculative_generate
-from .drafters.registry import DRAFTER_NAMES, build_drafter
+from .drafters.registry import DRAFTER_NAMES, build_drafter, shipped_drafter as drafter_folder
 from .policies import FixedLength
 from .sampling import SamplingConfig
 from .target import DEFAULT_TARGET, encode_prompt, eos_token_ids, load_target
@@ -77,6 +79,33 @@ def cmd_profile(args: argparse.Namespace) -> None:
     print(f"saved to {path}")
 
 
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from . import calibration as cal
+
+    model, tokenizer = load_target(args.model, device=args.device)
+    drafter = build_drafter("dspark", model, tokenizer, draft_model=args.drafter_dir)
+    folder = Path(args.drafter_dir or drafter_folder("dspark"))
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    rounds = cal.collect_rounds(model, tokenizer, drafter, cal.calibration_prompts(args.n_prompts, args.seed), args.gamma,
+                                sampling, args.max_new_tokens, args.seed)
+    if len(rounds.verified) < 50:
+        raise ValueError(f"Only {len(rounds.verified)} full rounds were collected; pass more --n-prompts.")
+    even = np.arange(len(rounds.verified)) % 2 == 0
+    fit, held = rounds.subset(even), rounds.subset(~even)
+    temperatures = cal.fit_sts(fit)
+    before, after = cal.position_metrics(held), cal.position_metrics(held, temperatures)
+    diagrams = {k: {"before": cal.reliability(held, k), "after": cal.reliability(held, k, temperatures)}
+                for k in range(1, args.gamma + 1)}
+    path = cal.save_calibration(folder, args.temperature, temperatures, {
+        "rounds": int(len(rounds.verified)), "prompts": args.n_prompts, "fit_on": "even rounds", "scored_on": "odd rounds",
+        "before": before, "after": after, "reliability": diagrams})
+    print("position  n     rate   ECE before -> after   AUC before -> after   Brier before -> after   T")
+    for b, a, t in zip(before, after, temperatures):
+        print(f"k={b['k']:<7} {b['n']:<5} {b['rate']:.3f}  {b['ece']:.4f} -> {a['ece']:.4f}       "
+              f"{b['auc']:.3f} -> {a['auc']:.3f}        {b['brier']:.4f} -> {a['brier']:.4f}     {t:.2f}")
+    print(f"saved to {path}")
+
+
 def cmd_data(args: argparse.Namespace) -> None:
     from . import distill, train_prompts
 
@@ -134,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="methods x benchmarks x temperatures side by side (resumable)")
     bench.add_argument("--profile", choices=sorted(PROFILES), default="quick",
-                       help="quick: 1 prompt per benchmark, 64 tokens (minutes); full: 8 prompts, 128 tokens (hours)")
+                       help="quick: 1 prompt per benchmark, 64 tokens (~10 min); full: 3 prompts, 96 tokens (~30 min on 2 cores)")
     bench.add_argument("--benchmarks", type=lambda s: tuple(s.split(",")), default=None,
                        help=f"comma-separated names in data/prompts/ or JSONL paths (default: {','.join(BENCHMARKS)})")
     bench.add_argument("--methods", default=None,
@@ -163,6 +192,19 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--device", default="cpu")
     prof.add_argument("--out", default=None, help="JSON path (default: $DSPARK_CACHE_DIR/profiles/<host>-<device>.json)")
     prof.set_defaults(func=cmd_profile)
+
+    calib = sub.add_parser("calibrate", help="fit Sequential Temperature Scaling for a dspark drafter's confidences")
+    calib.add_argument("--drafter-dir", default=None, help="dspark drafter folder (default: the shipped dspark-markov)")
+    calib.add_argument("--n-prompts", type=int, default=48, help="held-out training prompts to decode")
+    calib.add_argument("--gamma", type=int, default=7)
+    calib.add_argument("--max-new-tokens", type=int, default=96)
+    calib.add_argument("--temperature", type=float, default=0.0, help="sampling temperature to calibrate for")
+    calib.add_argument("--top-k", type=int, default=0)
+    calib.add_argument("--top-p", type=float, default=1.0)
+    calib.add_argument("--seed", type=int, default=0)
+    calib.add_argument("--model", default=DEFAULT_TARGET)
+    calib.add_argument("--device", default="cpu")
+    calib.set_defaults(func=cmd_calibrate)
 
     from .distill import DISTILL_DIR, DistillSettings
     from .train_prompts import TRAIN_PROMPTS
