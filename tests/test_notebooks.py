@@ -14,6 +14,13 @@ SMALL = {
                                     wrong_position=2),
     "03_training.ipynb": dict(n_timing_repeats=3, n_train_sequences=8, tiny_steps=10, tiny_batch_size=2,
                               tiny_blocks_per_seq=2, tiny_block=4, n_eval_prompts=1, max_new_tokens=24),
+    "05_scheduling.ipynb": dict(profile_requests=[1, 2], profile_max_tokens=3, profile_repeats=1, n_calibration_prompts=3,
+                                max_new_tokens=16, n_eval_prompts=2, fixed_lengths=[1, 3], concurrency=[1, 2]),
+}
+
+# Notebooks that write result tables: their results_dir goes to the test's tmp folder, and these files must appear.
+RESULTS = {
+    "05_scheduling.ipynb": ["scheduling-calibration-*.csv", "scheduling-single-*.csv", "scheduling-load-*.csv"],
 }
 
 
@@ -23,15 +30,20 @@ def test_every_notebook_has_small_parameters():
 
 @pytest.mark.parametrize("name", sorted(SMALL))
 def test_notebook_executes(name, tmp_path):
+    parameters = {**SMALL[name], "figures_dir": str(tmp_path)}
+    if name in RESULTS:
+        parameters["results_dir"] = str(tmp_path / "results")
     pm.execute_notebook(
         NOTEBOOKS / name,
         tmp_path / name,
-        parameters={**SMALL[name], "figures_dir": str(tmp_path)},
+        parameters=parameters,
         cwd=str(NOTEBOOKS),
         kernel_name="python3",
         progress_bar=False,
     )
     assert any(tmp_path.glob("*.png")), "the notebook wrote no figure"
+    for pattern in RESULTS.get(name, []):
+        assert any((tmp_path / "results").glob(pattern)), f"the notebook wrote no {pattern}"
 
 
 def test_bad_parameter_is_reported(tmp_path):
