@@ -14,6 +14,8 @@ SMALL = {
                                     wrong_position=2),
     "03_training.ipynb": dict(n_timing_repeats=3, n_train_sequences=8, tiny_steps=10, tiny_batch_size=2,
                               tiny_blocks_per_seq=2, tiny_block=4, n_eval_prompts=1, max_new_tokens=24),
+    "04_ablations.ipynb": dict(benchmarks=["math", "chat"], methods="ngram:3;oracle:3", temperatures=[0.0], n_prompts=1,
+                               max_new_tokens=12, block_lengths=[3]),
     "05_scheduling.ipynb": dict(profile_requests=[1, 2], profile_max_tokens=3, profile_repeats=1, n_calibration_prompts=3,
                                 max_new_tokens=16, n_eval_prompts=2, fixed_lengths=[1, 3], concurrency=[1, 2]),
 }
