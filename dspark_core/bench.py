@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .decoding import GenerationResult, autoregressive_generate, speculative_generate
+from .drafters.draft_lm import load_draft_lm
 from .drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter
 from .policies import FixedLength
 from .prompts import REPO_ROOT, load_prompt_set
@@ -175,7 +176,8 @@ class _Runner:
         if method.name in PEERS:
             peer = self.built.get(method)
             if peer is None:
-                assistant = load_target(method.checkpoint)[0] if method.name == "hf-assisted" else None
+                assistant = (load_draft_lm(method.checkpoint, self.tokenizer, str(self.model.device))[0]
+                             if method.name == "hf-assisted" else None)
                 peer = self.built[method] = _Peer(method, assistant)
             return peer.generate(self.model, prompt, kwargs["sampling"], kwargs["max_new_tokens"], kwargs["seed"],
                                  kwargs["eos_token_ids"])
@@ -262,7 +264,13 @@ def run_bench(
     jobs = [(t, name, record, turn) for t in settings.temperatures for name, record in items
             for turn in range(1, len(record["turns"]) + 1)]
     rows_file = out_dir / "rows.csv"
-    autoregressive_generate(model, encode_prompt(tokenizer, "Warm up."), max_new_tokens=4, eos_token_ids=eos)
+    warm_up = dict(max_new_tokens=16, seed=settings.seed, eos_token_ids=eos)
+    for temperature in settings.temperatures:  # untimed: loads every drafter and warms every code path
+        sampling = SamplingConfig(temperature, settings.top_k, settings.top_p)
+        prompt = encode_prompt(tokenizer, "Write two sentences about the sea.")
+        plain = runner.run(PLAIN, prompt, None, sampling=sampling, **warm_up)
+        for method in methods:
+            runner.run(method, prompt, plain, sampling=sampling, **warm_up)
     history: dict[tuple, list[dict]] = {}
     with tqdm(jobs, desc="bench", unit="turn") as bar:
         for temperature, name, record, turn in bar:

@@ -84,11 +84,11 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
     model, tokenizer = load_target(args.model, device=args.device)
     drafter = build_drafter("dspark", model, tokenizer, draft_model=args.drafter_dir)
-    folder = Path(args.drafter_dir or drafter_folder("dspark"))
+    folder = Path(args.drafter_dir or drafter_folder("dspark-markov"))
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     rounds = cal.collect_rounds(model, tokenizer, drafter, cal.calibration_prompts(args.n_prompts, args.seed), args.gamma,
                                 sampling, args.max_new_tokens, args.seed)
-    if len(rounds.verified) < 50:
+    if len(rounds.verified) < 20:
         raise ValueError(f"Only {len(rounds.verified)} full rounds were collected; pass more --n-prompts.")
     even = np.arange(len(rounds.verified)) % 2 == 0
     fit, held = rounds.subset(even), rounds.subset(~even)

@@ -395,8 +395,8 @@ def train_draft_lm(
         return lm_batch(data, rng.choice(train_rows, size=min(config.batch_size, len(train_rows)), replace=False))
 
     lm = fit(lm, lambda m, b: {"loss": m(**b).loss}, sample_batch, config, out_dir, "train draft-lm")
+    lm.config.tokenizer_fingerprint = tokenizer_fingerprint(tokenizer)  # the target's tokenizer serves it (not stored)
     save_checkpoint(lm, out_dir, config.save_dtype)
-    tokenizer.save_pretrained(out_dir)
     if len(val_rows):
         with torch.no_grad():
             losses = [float(lm(**lm_batch(data, chunk)).loss) for chunk in np.array_split(val_rows, max(1, len(val_rows) // 8))]

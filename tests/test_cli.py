@@ -44,3 +44,19 @@ def test_bench_writes_rows_resumes_and_refuses_other_settings(tmp_path, capsys):
 
     assert main(BENCH[:-1] + ["16", "--out", str(out)]) == 2
     assert "holds a run with other settings" in capsys.readouterr().err
+
+
+def test_calibrate_writes_sts_beside_the_drafter(tmp_path, capsys):
+    import shutil
+
+    from dspark_core.calibration import load_calibration
+    from dspark_core.drafters.registry import shipped_drafter
+
+    folder = tmp_path / "dspark"
+    shutil.copytree(shipped_drafter("dspark-markov"), folder)
+    assert main(["calibrate", "--drafter-dir", str(folder), "--n-prompts", "3", "--max-new-tokens", "48",
+                 "--gamma", "3"]) == 0
+    assert "ECE before -> after" in capsys.readouterr().out
+    stored = json.loads((folder / "calibration.json").read_text())["greedy"]
+    assert len(stored["temperatures"]) == 3 and len(stored["before"]) == 3
+    assert set(load_calibration(folder)) == {"greedy"}

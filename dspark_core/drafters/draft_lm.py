@@ -2,13 +2,34 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
 
 from ..sampling import SamplingConfig, probs_from_logits, sample
 from ..session import CausalLMSession
-from ..target import tokenizer_fingerprint
+from ..target import load_target, tokenizer_fingerprint
 from .base import Draft, DraftContext
+
+
+def load_draft_lm(
+    name_or_path: str, target_tokenizer: PreTrainedTokenizerBase, device: str = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A draft LM and its tokenizer: a hub id or folder with its own tokenizer, or a folder written
+    by ``dspark train --drafter draft-lm``, which stores no tokenizer but records the fingerprint of
+    the target's (it must match ``target_tokenizer``, whose files then serve)."""
+    folder = Path(name_or_path)
+    if not folder.is_dir() or (folder / "tokenizer_config.json").is_file():
+        return load_target(name_or_path, device=device)
+    recorded = getattr(AutoConfig.from_pretrained(folder), "tokenizer_fingerprint", None)
+    if recorded is None:
+        raise ValueError(f"The draft LM at {folder} has no tokenizer files and records no tokenizer fingerprint; "
+                         "add its tokenizer to the folder or re-train it with `dspark train --drafter draft-lm`.")
+    if recorded != tokenizer_fingerprint(target_tokenizer):
+        raise ValueError(f"The draft LM at {folder} was trained with another tokenizer (fingerprint {recorded}, the "
+                         f"target's is {tokenizer_fingerprint(target_tokenizer)}); train one for this target.")
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval(), target_tokenizer
 
 
 class DraftLMDrafter:

@@ -8,10 +8,10 @@ from pathlib import Path
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..prompts import REPO_ROOT
-from ..target import DEFAULT_TARGET, load_target
+from ..target import DEFAULT_TARGET
 from .base import Drafter
 from .trained import load_trained_drafter
-from .draft_lm import DraftLMDrafter
+from .draft_lm import DraftLMDrafter, load_draft_lm
 from .lookup import NgramDrafter, OracleDrafter
 
 DRAFTER_NAMES = ("none", "ngram", "draft-lm", "oracle", "eagle", "dflash", "dspark")
@@ -57,6 +57,6 @@ def build_drafter(
             if drafter.drafter.config.kind != name:
                 raise ValueError(f"{draft_model} holds a {drafter.drafter.config.kind} drafter, not {name}.")
             return drafter
-        model, tokenizer = load_target(draft_model, device=str(target_model.device))
+        model, tokenizer = load_draft_lm(draft_model, target_tokenizer, device=str(target_model.device))
         return DraftLMDrafter(model, tokenizer, target_tokenizer)
     raise ValueError(f"Unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}.")
