@@ -271,14 +271,13 @@ def run_bench(
         plain = runner.run(PLAIN, prompt, None, sampling=sampling, **warm_up)
         for method in methods:
             runner.run(method, prompt, plain, sampling=sampling, **warm_up)
-    history: dict[tuple, list[dict]] = {}
+    history: dict[tuple, list[dict]] = {}  # (record id, turn) -> the messages before that turn
+    greedy_kwargs = dict(max_new_tokens=settings.max_new_tokens, seed=settings.seed, eos_token_ids=eos)
     with tqdm(jobs, desc="bench", unit="turn") as bar:
         for temperature, name, record, turn in bar:
             sampling = SamplingConfig(temperature, settings.top_k, settings.top_p)
-            greedy_kwargs = dict(sampling=SamplingConfig(), max_new_tokens=settings.max_new_tokens,
-                                 seed=settings.seed, eos_token_ids=eos)
             messages = history.get((record["id"], turn), []) + [{"role": "user", "content": record["turns"][turn - 1]}]
-            if turn < len(record["turns"]):
+            if turn < len(record["turns"]) and (record["id"], turn + 1) not in history:  # once, for every temperature
                 answer = autoregressive_generate(model, encode_prompt(tokenizer, messages), **greedy_kwargs).tokens
                 history[(record["id"], turn + 1)] = messages + [
                     {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
