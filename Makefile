@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test bench bench-full data train-drafters train-quick clean-cache
+.PHONY: setup run test bench bench-full data train-drafters train-ablations train-quick clean-cache
 
 setup: $(STAMP)
 
@@ -49,6 +49,18 @@ train-drafters: setup
 	$(BIN)/dspark train --drafter dspark --head markov --block 7 --steps $(STEPS) --out $(DRAFTERS)/dspark-markov
 	$(BIN)/dspark train --drafter dspark --head rnn --block 7 --steps $(STEPS) --out $(DRAFTERS)/dspark-rnn
 	$(BIN)/dspark train --drafter draft-lm --layers 4 --lm-width 192 --steps $(LM_STEPS) --out $(DRAFTERS)/draft-lm
+
+# Ablation drafters for notebook 04 (same data, steps and seed as the shipped ones; one change each):
+# CE-only loss for dflash and dspark-markov, then depth 2 and 3, then blocks 11 and 15. About 17-35 min
+# each at 1 thread. Their weights are not committed (see .gitignore); their loss.csv and train_meta.json are.
+ABLATIONS := $(DRAFTERS)/ablations
+train-ablations: setup
+	$(BIN)/dspark train --drafter dflash --block 7 --loss ce --steps $(STEPS) --out $(ABLATIONS)/dflash-ce
+	$(BIN)/dspark train --drafter dspark --head markov --block 7 --loss ce --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-ce
+	$(BIN)/dspark train --drafter dspark --head markov --block 7 --layers 2 --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-L2
+	$(BIN)/dspark train --drafter dspark --head markov --block 11 --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-B11
+	$(BIN)/dspark train --drafter dspark --head markov --block 7 --layers 3 --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-L3
+	$(BIN)/dspark train --drafter dspark --head markov --block 15 --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-B15
 
 # The quick recipe (a few minutes): a tiny dspark run on 32 sequences, like CI's smoke tests.
 train-quick: setup

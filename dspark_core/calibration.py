@@ -24,18 +24,39 @@ GRID = np.exp(np.linspace(np.log(0.05), np.log(20.0), 241))
 
 @dataclass
 class Rounds:
-    """Confidence data from verification rounds: raw confidences [N, g], verified and accepted [N]."""
+    """Confidence data from verification rounds: raw confidences [N, g], verified and accepted [N],
+    and per round the index of its prompt and the prompt's domain [N]. Rounds of one prompt are
+    correlated, so fit and held-out halves are split by prompt."""
 
     confidences: np.ndarray
     verified: np.ndarray
     accepted: np.ndarray
+    prompt: np.ndarray
+    domain: np.ndarray
 
     def subset(self, mask: np.ndarray) -> "Rounds":
-        return Rounds(self.confidences[mask], self.verified[mask], self.accepted[mask])
+        return Rounds(self.confidences[mask], self.verified[mask], self.accepted[mask], self.prompt[mask], self.domain[mask])
+
+    def split_by_prompt(self) -> tuple["Rounds", "Rounds"]:
+        """(fit, held-out): the rounds of even-numbered prompts, the rounds of odd-numbered ones."""
+        even = self.prompt % 2 == 0
+        return self.subset(even), self.subset(~even)
 
     def position(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(row mask of rounds that verified position k, label: the length-k prefix survived)."""
         return self.verified >= k, self.accepted >= k
+
+    def save(self, path: Path) -> Path:
+        """Write the rounds to a .npz file (no pickled objects; :meth:`load` reads it back)."""
+        np.savez_compressed(path, confidences=self.confidences.astype(np.float32), verified=self.verified,
+                            accepted=self.accepted, prompt=self.prompt, domain=self.domain.astype(str))
+        return Path(path)
+
+    @staticmethod
+    def load(path: Path) -> "Rounds":
+        with np.load(path, allow_pickle=False) as data:
+            return Rounds(data["confidences"].astype(np.float64), data["verified"], data["accepted"], data["prompt"],
+                          data["domain"])
 
 
 def _logit(c: np.ndarray) -> np.ndarray:
@@ -129,6 +150,11 @@ def sampling_key(temperature: float) -> str:
     return "greedy" if temperature == 0 else f"temperature={temperature:g}"
 
 
+def rounds_file(temperature: float) -> str:
+    """File name of the rounds a calibration at this sampling temperature was fitted on."""
+    return f"calibration-rounds-{sampling_key(temperature).replace('=', '')}.npz"
+
+
 def save_calibration(folder: Path, temperature: float, temperatures: np.ndarray, metrics: dict) -> Path:
     """Add (or replace) the STS temperatures for one sampling temperature in ``folder/calibration.json``."""
     path = Path(folder) / CALIBRATION_FILE
@@ -172,9 +198,9 @@ def collect_rounds(model, tokenizer, drafter, records: list[dict], gamma: int, s
     from .target import encode_prompt, eos_token_ids
 
     saved, drafter.calibration = drafter.calibration, {}
-    conf, verified, accepted = [], [], []
+    conf, verified, accepted, prompt, domain = [], [], [], [], []
     try:
-        for record in tqdm(records, desc="calibration rounds", unit="prompt"):
+        for index, record in enumerate(tqdm(records, desc="calibration rounds", unit="prompt")):
             result = speculative_generate(model, encode_prompt(tokenizer, first_turn_messages(record)), drafter,
                                           FixedLength(gamma), sampling=sampling, max_new_tokens=max_new_tokens,
                                           seed=seed, eos_token_ids=eos_token_ids(model, tokenizer))
@@ -183,6 +209,9 @@ def collect_rounds(model, tokenizer, drafter, records: list[dict], gamma: int, s
                     conf.append(r.confidences)
                     verified.append(r.verified)
                     accepted.append(r.accepted)
+                    prompt.append(index)
+                    domain.append(record.get("domain", ""))
     finally:
         drafter.calibration = saved
-    return Rounds(np.asarray(conf), np.asarray(verified), np.asarray(accepted))
+    return Rounds(np.asarray(conf).reshape(-1, gamma), np.asarray(verified, dtype=int), np.asarray(accepted, dtype=int),
+                  np.asarray(prompt, dtype=int), np.asarray(domain, dtype=str))

@@ -86,18 +86,23 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     drafter = build_drafter("dspark", model, tokenizer, draft_model=args.drafter_dir)
     folder = Path(args.drafter_dir or drafter_folder("dspark-markov"))
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    rounds = cal.collect_rounds(model, tokenizer, drafter, cal.calibration_prompts(args.n_prompts, args.seed), args.gamma,
-                                sampling, args.max_new_tokens, args.seed)
-    if len(rounds.verified) < 20:
+    if args.rounds:
+        rounds = cal.Rounds.load(args.rounds)
+        print(f"refitting on {len(rounds.verified)} saved rounds from {args.rounds}")
+    else:
+        records = cal.calibration_prompts(args.n_prompts, args.seed)
+        rounds = cal.collect_rounds(model, tokenizer, drafter, records, args.gamma, sampling, args.max_new_tokens, args.seed)
+        print(f"rounds saved to {rounds.save(folder / cal.rounds_file(args.temperature))} (refit with --rounds)")
+    fit, held = rounds.split_by_prompt()
+    if min(len(fit.verified), len(held.verified)) < 10:
         raise ValueError(f"Only {len(rounds.verified)} full rounds were collected; pass more --n-prompts.")
-    even = np.arange(len(rounds.verified)) % 2 == 0
-    fit, held = rounds.subset(even), rounds.subset(~even)
     temperatures = cal.fit_sts(fit)
     before, after = cal.position_metrics(held), cal.position_metrics(held, temperatures)
     diagrams = {k: {"before": cal.reliability(held, k), "after": cal.reliability(held, k, temperatures)}
-                for k in range(1, args.gamma + 1)}
+                for k in range(1, rounds.confidences.shape[1] + 1)}
     path = cal.save_calibration(folder, args.temperature, temperatures, {
-        "rounds": int(len(rounds.verified)), "prompts": args.n_prompts, "fit_on": "even rounds", "scored_on": "odd rounds",
+        "rounds": int(len(rounds.verified)), "prompts": int(len(np.unique(rounds.prompt))),
+        "fit_on": "rounds of even-numbered prompts", "scored_on": "rounds of odd-numbered prompts",
         "before": before, "after": after, "reliability": diagrams})
     print("position  n     rate   ECE before -> after   AUC before -> after   Brier before -> after   T")
     for b, a, t in zip(before, after, temperatures):
@@ -202,6 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     calib.add_argument("--top-k", type=int, default=0)
     calib.add_argument("--top-p", type=float, default=1.0)
     calib.add_argument("--seed", type=int, default=0)
+    calib.add_argument("--rounds", default=None,
+                       help="refit on saved rounds (the .npz a previous run wrote beside the drafter) instead of decoding")
     calib.add_argument("--model", default=DEFAULT_TARGET)
     calib.add_argument("--device", default="cpu")
     calib.set_defaults(func=cmd_calibrate)

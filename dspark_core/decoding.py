@@ -19,7 +19,7 @@ from .drafters.base import Draft, DraftContext, Drafter
 from .policies import FixedLength, VerificationPolicy
 from .sampling import SamplingConfig, probs_from_logits
 from .session import CausalLMSession
-from .verification import AcceptanceRule, verify_chain
+from .verification import AcceptanceRule, Verdict, verify_chain
 
 
 @dataclass
@@ -70,6 +70,35 @@ class GenerationResult:
         return reached, accepted
 
 
+def verify_round(
+    draft: Draft,
+    length: int,
+    logits: torch.Tensor,
+    sampling: SamplingConfig,
+    generator: torch.Generator,
+    eos_token_ids: tuple[int, ...],
+    max_tokens: int,
+    rule: AcceptanceRule = "exact",
+) -> Verdict:
+    """Verify the first ``length`` draft tokens with the target's logits [length + 1, V] of this
+    round's forward over ``[anchor, x_1..x_length]``; emits at most ``max_tokens`` tokens."""
+    target_probs = probs_from_logits(logits, sampling)
+    return verify_chain(draft.tokens[:length], draft.probs[:length].to(target_probs.device), target_probs, generator,
+                        eos_token_ids=eos_token_ids, max_tokens=max_tokens, rule=rule)
+
+
+def commit_round(
+    result: GenerationResult, tokens: list[int], draft: Draft, length: int, verdict: Verdict,
+    draft_time: float, verify_time: float,
+) -> None:
+    """Append the emitted tokens to ``tokens`` (prompt + committed) and ``result``, and record the round."""
+    tokens += verdict.tokens
+    result.tokens += verdict.tokens
+    confidences = draft.confidences.tolist() if draft.confidences is not None else None
+    result.rounds.append(RoundRecord(len(draft), length, verdict.accepted, len(verdict.tokens), draft_time, verify_time,
+                                     confidences))
+
+
 def speculative_generate(
     model: PreTrainedModel,
     prompt_ids: torch.Tensor | list[int],
@@ -111,31 +140,16 @@ def speculative_generate(
         t0 = time.perf_counter()
         draft = Draft.empty(vocab_size)
         if drafter is not None and policy.max_draft > 0:
-            context = DraftContext(tokens, len(prompt), new_features, vocab_size)
-            draft = drafter.propose(context, policy.max_draft, sampling, generator)
+            context = DraftContext(tokens, len(prompt), new_features, vocab_size, admit=policy.admit)
+            draft = drafter.propose(context, min(policy.max_draft, budget - 1), sampling, generator)
         length = policy.verify_length(draft, budget - 1)
         t1 = time.perf_counter()
         step = session.forward([tokens[-1]] + draft.tokens[:length].tolist())
-        target_probs = probs_from_logits(step.logits, sampling)
-        verdict = verify_chain(
-            draft.tokens[:length],
-            draft.probs[:length].to(target_probs.device),
-            target_probs,
-            generator,
-            eos_token_ids=eos_token_ids,
-            max_tokens=budget,
-            rule=rule,
-        )
+        verdict = verify_round(draft, length, step.logits, sampling, generator, eos_token_ids, budget, rule)
         session.rollback(len(tokens) + verdict.accepted)
-        t2 = time.perf_counter()
         if step.features is not None:
             new_features = step.features[: verdict.accepted + 1]
-        tokens += verdict.tokens
-        result.tokens += verdict.tokens
-        result.rounds.append(
-            RoundRecord(len(draft), length, verdict.accepted, len(verdict.tokens), t1 - t0, t2 - t1,
-                        draft.confidences.tolist() if draft.confidences is not None else None)
-        )
+        commit_round(result, tokens, draft, length, verdict, t1 - t0, time.perf_counter() - t1)
         if verdict.finished:
             break
     result.total_time = time.perf_counter() - start

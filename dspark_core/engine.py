@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .decoding import GenerationResult, RoundRecord
+from .decoding import GenerationResult, commit_round, verify_round
 from .drafters.base import Draft, DraftContext, Drafter
-from .policies import VerificationPolicy, verify_lengths
-from .sampling import SamplingConfig, probs_from_logits
-from .verification import verify_chain
+from .policies import VerificationPolicy, verify_lengths, worth_drafting
+from .sampling import SamplingConfig
 
 
 @dataclass
@@ -37,7 +36,7 @@ class Request:
     generator: torch.Generator
     tokens: list[int] = field(default_factory=list)  # prompt + committed new tokens
     result: GenerationResult | None = None
-    new_features: torch.Tensor | None = None  # target features of tokens committed last round (anchor excluded)
+    new_features: torch.Tensor | None = None  # target features of committed tokens the drafter has not seen yet
     finished: bool = False
 
 
@@ -122,6 +121,11 @@ class BatchedKV:
         self.valid[row, self.round_start + kept :] = False
 
 
+def _append(pending: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """Features not yet handed to the drafter (rounds without drafting leave them pending), then ``new``."""
+    return new if pending is None else torch.cat([pending, new])
+
+
 def _pad_slots(t: torch.Tensor, width: int) -> torch.Tensor:
     """Zero-pad the slot axis of a [B, H, S, D] tensor to ``width``."""
     return torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[2]))
@@ -192,30 +196,28 @@ class BatchedEngine:
         self._admit()
         t0 = time.perf_counter()
         drafts, budgets = [], []
+        drafting = self.policy.max_draft > 0 and worth_drafting(self.policy, len(self.active))
         for request in self.active:
-            budget = request.max_new_tokens - len(request.result.tokens)
+            budget = request.max_new_tokens - len(request.result.tokens) - 1  # draft tokens; one more is emitted
             draft = Draft.empty(self.vocab_size)
-            if request.drafter is not None and self.policy.max_draft > 0:
+            if request.drafter is not None and drafting:
                 context = DraftContext(request.tokens, len(request.prompt), request.new_features, self.vocab_size)
-                draft = request.drafter.propose(context, self.policy.max_draft, self.sampling, request.generator)
+                draft = request.drafter.propose(context, min(self.policy.max_draft, budget), self.sampling, request.generator)
+                request.new_features = None  # handed to the drafter
             drafts.append(draft)
-            budgets.append(budget - 1)
+            budgets.append(budget)
         lengths = verify_lengths(self.policy, drafts, budgets)
         t1 = time.perf_counter()
         inputs = [[r.tokens[-1]] + d.tokens[:n].tolist() for r, d, n in zip(self.active, drafts, lengths)]
         logits, features = self.kv.forward(inputs, [len(r.tokens) - 1 for r in self.active], self.feature_layers)
         for row, (request, draft, length) in enumerate(zip(self.active, drafts, lengths)):
-            target_probs = probs_from_logits(logits[row], self.sampling)
-            verdict = verify_chain(draft.tokens[:length], draft.probs[:length], target_probs, request.generator,
-                                   eos_token_ids=self.eos_token_ids,
-                                   max_tokens=request.max_new_tokens - len(request.result.tokens))
+            verdict = verify_round(draft, length, logits[row], self.sampling, request.generator, self.eos_token_ids,
+                                   request.max_new_tokens - len(request.result.tokens))
             self.kv.keep(row, 1 + verdict.accepted)
-            request.new_features = features[row][: verdict.accepted + 1] if features[row] is not None else None
-            request.tokens += verdict.tokens
-            request.result.tokens += verdict.tokens
+            if features[row] is not None:
+                request.new_features = _append(request.new_features, features[row][: verdict.accepted + 1])
             request.finished = verdict.finished
-            request.result.rounds.append(RoundRecord(len(draft), length, verdict.accepted, len(verdict.tokens),
-                                                     t1 - t0, time.perf_counter() - t1))
+            commit_round(request.result, request.tokens, draft, length, verdict, t1 - t0, time.perf_counter() - t1)
             self.budgets.append(length)
         self.rounds += 1
         keep = [i for i, r in enumerate(self.active) if not r.finished]

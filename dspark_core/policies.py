@@ -6,10 +6,16 @@ the draft but not on token k itself (the *non-anticipating* property, paper Appe
 policy here stops at the first position it rejects, and position k's confidence c_k depends on
 token k-1 only. The decoding loop asks the drafter for ``policy.max_draft`` tokens and verifies
 ``policy.verify_length(draft, budget)`` of them.
+
+A single-request policy is also a *stop rule*: ``policy.admit(c_1..c_k)`` says whether position k is
+verified, given that 1..k-1 are. A drafter with a confidence head computes c_k before it samples token
+k, so it can stop drafting at the first position the policy will not verify and save its cost;
+``verify_length`` is then the whole (shorter) draft.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -23,6 +29,10 @@ class VerificationPolicy(Protocol):
 
     def verify_length(self, draft: Draft, budget: int) -> int:
         """Number of leading draft tokens to verify, at most ``min(len(draft), budget)``."""
+        ...
+
+    def admit(self, confidences: Sequence[float]) -> bool:
+        """Whether position k = len(confidences) is verified, given c_1..c_k and that 1..k-1 are."""
         ...
 
 
@@ -39,9 +49,13 @@ def _confidences(draft: Draft) -> torch.Tensor:
     return draft.confidences.double()
 
 
-def _leading_true(keep: torch.Tensor) -> int:
-    """Length of the run of True at the start of a 1-D bool tensor."""
-    return int(torch.cumprod(keep.long(), 0).sum())
+def _admitted_prefix(policy: VerificationPolicy, draft: Draft, budget: int) -> int:
+    """Number of leading positions ``policy.admit`` verifies, at most ``min(len(draft), budget)``."""
+    confidences = _confidences(draft).tolist()
+    length = 0
+    while length < min(len(draft), budget) and policy.admit(confidences[: length + 1]):
+        length += 1
+    return length
 
 
 class FixedLength:
@@ -54,6 +68,9 @@ class FixedLength:
     def verify_length(self, draft: Draft, budget: int) -> int:
         return max(0, min(len(draft), self.max_draft, budget))
 
+    def admit(self, confidences: Sequence[float]) -> bool:
+        return len(confidences) <= self.max_draft
+
 
 class ConfidenceThreshold:
     """Verify the draft up to the first position whose confidence c_k is below ``threshold``."""
@@ -63,7 +80,10 @@ class ConfidenceThreshold:
         self.max_draft, self.threshold = gamma, threshold
 
     def verify_length(self, draft: Draft, budget: int) -> int:
-        return min(_leading_true(_confidences(draft) >= self.threshold), budget)
+        return _admitted_prefix(self, draft, budget)
+
+    def admit(self, confidences: Sequence[float]) -> bool:
+        return len(confidences) <= self.max_draft and confidences[-1] >= self.threshold
 
 
 class SurvivalThreshold:
@@ -74,7 +94,10 @@ class SurvivalThreshold:
         self.max_draft, self.threshold = gamma, threshold
 
     def verify_length(self, draft: Draft, budget: int) -> int:
-        return min(_leading_true(torch.cumprod(_confidences(draft), 0) >= self.threshold), budget)
+        return _admitted_prefix(self, draft, budget)
+
+    def admit(self, confidences: Sequence[float]) -> bool:
+        return len(confidences) <= self.max_draft and math.prod(confidences) >= self.threshold
 
 
 def schedule_prefixes(
@@ -130,6 +153,19 @@ class HardwareAware:
     def verify_length(self, draft: Draft, budget: int) -> int:
         return self.verify_lengths([draft], [budget])[0]
 
+    def admit(self, confidences: Sequence[float]) -> bool:
+        """Algorithm 1 for one request: candidates come in order k = 1, 2, ..., so position k is
+        admitted when it raises the throughput over verifying 1..k-1 (the early stop ends the search
+        at the first that does not)."""
+        k = len(confidences)
+        survivals = torch.cumprod(torch.tensor(confidences, dtype=torch.float64), 0).tolist()
+        if k > self.max_draft or survivals[-1] <= 0:
+            return False
+        before = 1.0
+        for a in survivals[:-1]:  # summed in the order schedule_prefixes sums them, so both agree exactly
+            before += a
+        return (before + survivals[-1]) * self.steps_per_second(k + 1, 1) > before * self.steps_per_second(k, 1)
+
 
 def verify_lengths(policy: VerificationPolicy, drafts: Sequence[Draft], budgets: Sequence[int]) -> list[int]:
     """Verification lengths for requests verified together in one target forward: a policy with a
@@ -137,6 +173,15 @@ def verify_lengths(policy: VerificationPolicy, drafts: Sequence[Draft], budgets:
     if hasattr(policy, "verify_lengths"):
         return policy.verify_lengths(drafts, budgets)
     return [policy.verify_length(d, b) for d, b in zip(drafts, budgets)]
+
+
+def worth_drafting(policy: VerificationPolicy, requests: int) -> bool:
+    """False when the policy will verify nothing this round whatever the drafts say, so drafting can be
+    skipped: for the hardware-aware scheduler, when even a certain token (survival 1) would not raise
+    the throughput of ``requests`` anchors. Depends on the batch size only, never on drafts."""
+    if not isinstance(policy, HardwareAware):
+        return True
+    return (requests + 1) * policy.steps_per_second(requests + 1, requests) > requests * policy.steps_per_second(requests, requests)
 
 
 def first_token_law(

@@ -21,7 +21,7 @@ def synthetic_rounds(n: int = 20_000, g: int = 5, true_temperature: float = 2.5,
     raw = 1 / (1 + np.exp(-rng.normal(1.5, 1.5, size=(n, g))))
     true = scaled(raw, np.full(g, true_temperature))
     survived = np.cumprod(rng.random((n, g)) < true, axis=1)
-    return Rounds(raw, np.full(n, g), survived.sum(1))
+    return Rounds(raw, np.full(n, g), survived.sum(1), np.arange(n) // 50, np.full(n, "synthetic"))
 
 
 def test_sts_recovers_the_temperature_and_halves_ece():
@@ -40,3 +40,13 @@ def test_reliability_bins_cover_every_round():
     bins = reliability(rounds, k=2)
     assert sum(b["count"] for b in bins) == 2000
     assert all(0 <= b["observed"] <= 1 and 0 <= b["predicted"] <= 1 for b in bins)
+
+
+def test_rounds_split_by_prompt_and_round_trip_through_npz(tmp_path):
+    rounds = synthetic_rounds(n=500)
+    fit, held = rounds.split_by_prompt()
+    assert set(fit.prompt % 2) == {0} and set(held.prompt % 2) == {1}
+    assert len(fit.verified) + len(held.verified) == 500
+    loaded = Rounds.load(rounds.save(tmp_path / "rounds.npz"))
+    assert np.allclose(loaded.confidences, rounds.confidences, atol=1e-6)
+    assert (loaded.accepted == rounds.accepted).all() and (loaded.domain == "synthetic").all()

@@ -61,3 +61,7 @@ def test_calibrate_writes_sts_beside_the_drafter(tmp_path, capsys):
     stored = json.loads((folder / "calibration.json").read_text())["greedy"]
     assert len(stored["temperatures"]) == 3 and len(stored["before"]) == 3
     assert set(load_calibration(folder)) == {"greedy"}
+    # refitting on the saved rounds reproduces the fit without decoding
+    (folder / "calibration.json").unlink()
+    assert main(["calibrate", "--drafter-dir", str(folder), "--rounds", str(folder / "calibration-rounds-greedy.npz")]) == 0
+    assert json.loads((folder / "calibration.json").read_text())["greedy"]["temperatures"] == stored["temperatures"]

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dspark_core import FixedLength, NgramDrafter, autoregressive_generate
+from dspark_core.drafters.registry import build_drafter
 from dspark_core.engine import BatchedEngine
 from dspark_core.policies import HardwareAware
 
@@ -50,3 +51,15 @@ def test_hardware_aware_batch_with_confidences(target, prompts, eos, plain_outpu
     engine, done = serve(model, prompts, eos, policy, Confident)
     assert [r.result.tokens for r in done] == plain_outputs
     assert len(set(engine.budgets)) > 1
+
+
+def test_rounds_without_drafting_keep_the_drafter_context(target, prompts, eos, plain_outputs):
+    """With two or more requests this cost profile makes even a certain draft token not worth its
+    slot, so the engine skips drafting; once a request is alone it drafts again, and the dspark
+    drafter first catches up on the target features of every token it did not see."""
+    model, tokenizer = target
+    policy = HardwareAware(4, lambda tokens, requests: 1.0 if requests == 1 else 1.0 / tokens)
+    engine, done = serve(model, prompts, eos, policy, lambda: build_drafter("dspark", model, tokenizer))
+    assert [r.result.tokens for r in done] == plain_outputs
+    rounds = [r for request in done for r in request.result.rounds]
+    assert any(r.proposed == 0 for r in rounds) and any(r.proposed > 0 for r in rounds)

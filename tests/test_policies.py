@@ -87,6 +87,22 @@ def test_simple_policies():
         ConfidenceThreshold(4, 0.5).verify_length(Draft(draft.tokens, draft.probs), 10)
 
 
+def test_stop_rule_agrees_with_verify_length():
+    """A drafter that stops at the first position ``admit`` rejects drafts exactly what the policy
+    would verify of the full draft, for every single-request policy."""
+    gen = torch.Generator().manual_seed(1)
+    steep = {b: 1.0 / (1 + 0.25 * (b - 1) ** 1.5) for b in range(1, 10)}
+    policies = [FixedLength(5), ConfidenceThreshold(6, 0.4), SurvivalThreshold(7, 0.3),
+                HardwareAware(7, lambda b, r: steep[b]), HardwareAware(7, lambda b, r: 1.0 / b**0.3)]
+    for _ in range(300):
+        confidences = torch.rand(7, generator=gen).pow(0.3).tolist()
+        for policy in policies:
+            stop = 0
+            while stop < 7 and policy.admit(confidences[: stop + 1]):
+                stop += 1
+            assert policy.verify_length(draft_with(confidences), 10) == min(stop, policy.max_draft), policy
+
+
 # ---------------------------------------------------------------------------------- statistical
 VOCAB, GAMMA, LENGTH = 4, 3, 3
 

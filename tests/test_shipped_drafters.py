@@ -9,8 +9,12 @@ stays lossless, so only this catches it.
 import json
 
 import pytest
+import torch
 
-from dspark_core import FixedLength, autoregressive_generate, speculative_generate
+from dspark_core import FixedLength, SamplingConfig, autoregressive_generate, speculative_generate
+from dspark_core.drafters.base import DraftContext
+from dspark_core.policies import HardwareAware, SurvivalThreshold
+from dspark_core.session import CausalLMSession
 from dspark_core.drafters.registry import SHIPPED_DIR, SHIPPED_DRAFTERS, build_drafter, shipped_drafter
 
 MAX_NEW = 64
@@ -49,3 +53,33 @@ def test_shipped_drafter_is_lossless_greedy_and_accepts(target, prompts, eos, pl
         accepted += sum(r.accepted for r in result.rounds)
         rounds += len(result.rounds)
     assert accepted / rounds > 0.15, f"{name} accepts only {accepted} draft tokens in {rounds} rounds"
+
+
+STEEP = {b: 1.0 / (1 + 0.3 * (b - 1)) for b in range(1, 9)}  # each verified token costs 30% of a step
+
+
+@pytest.mark.parametrize("policy", [SurvivalThreshold(7, 0.3), HardwareAware(7, lambda b, r: STEEP[b])],
+                         ids=["survival", "hardware-aware"])
+def test_dspark_drafts_only_what_the_policy_verifies(target, prompts, eos, plain_outputs, policy):
+    """With a stop rule the dspark drafter stops at the first position the policy rejects: the
+    output stays plain greedy, every drafted token is verified, and the shorter draft is a prefix of
+    the full block (same tokens, same confidences)."""
+    model, tokenizer = target
+    drafter = build_drafter("dspark", model, tokenizer)
+    lengths = []
+    for prompt, plain in list(zip(prompts, plain_outputs))[:2]:
+        result = speculative_generate(model, prompt, drafter, policy, max_new_tokens=MAX_NEW, eos_token_ids=eos)
+        assert result.tokens == plain
+        assert all(r.proposed == r.verified for r in result.rounds)
+        lengths += [r.verified for r in result.rounds]
+    assert 0 in lengths or min(lengths) < 7 and max(lengths) > 0, lengths  # the rule did stop somewhere
+
+    session = CausalLMSession(model, drafter.feature_layers)
+    prompt = prompts[0].tolist()
+    drafter.reset()
+    full = drafter.propose(DraftContext(prompt, len(prompt), session.forward(prompt[:-1]).features, len(tokenizer)),
+                           7, SamplingConfig(), None)
+    short = drafter.propose(DraftContext(prompt, len(prompt), None, len(tokenizer), admit=lambda c: len(c) < 3), 7,
+                            SamplingConfig(), None)
+    assert len(short) == 2 and short.tokens.tolist() == full.tokens[:2].tolist()
+    assert torch.equal(short.confidences, full.confidences[:2]) and torch.equal(short.probs, full.probs[:2])

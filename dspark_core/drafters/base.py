@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,12 +22,16 @@ class DraftContext:
                   tokens committed since the previous round, anchor excluded (it has not been through
                   the target yet); ``None`` for drafters that ask for no layers.
     vocab_size:   size of the target's vocabulary (width of every returned distribution).
+    admit:        the verification policy's stop rule (``policy.admit``): given c_1..c_k, whether
+                  position k will be verified. A drafter with confidences may stop at the first
+                  position it rejects, before sampling that token; others ignore it.
     """
 
     tokens: list[int]
     prompt_len: int
     new_features: torch.Tensor | None
     vocab_size: int
+    admit: Callable[[Sequence[float]], bool] | None = None
 
 
 @dataclass

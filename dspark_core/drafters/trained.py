@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -66,8 +67,8 @@ def _draft_from_logits(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token from draft-vocabulary logits [Vd]; returns (target id, q over the target vocabulary [V])."""
     q = probs_from_logits(logits, sampling)
-    token = drafter.draft_token_ids[sample(q, generator)]
-    return token, torch.zeros(vocab_size, device=q.device).index_copy_(0, drafter.draft_token_ids, q)
+    index = q.argmax() if sampling.greedy else sample(q, generator)  # greedy q is one-hot: no draw needed
+    return drafter.draft_token_ids[index], torch.zeros(vocab_size, device=q.device).index_copy_(0, drafter.draft_token_ids, q)
 
 
 class _ServedDrafter:
@@ -87,7 +88,7 @@ class _ServedDrafter:
         """Add the next ``n`` committed tokens (features [n, m, d_t]) to the context."""
         raise NotImplementedError
 
-    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, vocab_size: int) -> Draft:
+    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         raise NotImplementedError
 
     @torch.inference_mode()
@@ -103,7 +104,7 @@ class _ServedDrafter:
         length = min(max_tokens, self.drafter.config.block_size)
         if length < 1:
             return Draft.empty(context.vocab_size)
-        return self._draft(context.tokens[-1], length, sampling, generator, context.vocab_size)
+        return self._draft(context.tokens[-1], length, sampling, generator, context)
 
 
 class BlockDrafter(_ServedDrafter):
@@ -123,31 +124,43 @@ class BlockDrafter(_ServedDrafter):
         new = self.drafter.context_kv(ctx, pos)
         self.kv = new if self.kv is None else concat_kv(self.kv, new)
 
-    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, vocab_size: int) -> Draft:
+    def _calibrated(self, confidence: torch.Tensor, k: int, sampling: SamplingConfig) -> float:
+        """c_k after STS for this sampling temperature (raw when none is stored), rounded to float32
+        exactly as the returned Draft holds it, so a stop rule sees what the policy later sees."""
+        temperatures = self.calibration.get(sampling_key(sampling.temperature))
+        value = np.asarray([float(confidence)])
+        if temperatures is not None:
+            value = scaled(value, temperatures[k : k + 1])
+        return float(np.float32(value[0]))
+
+    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         device = self.kv[0][0].device
         anchor_id = torch.tensor([[anchor]], device=device)
         visible = torch.ones(1, 1, self.ctx_len, dtype=torch.bool, device=device)
         hidden = self.drafter.block_states(anchor_id, torch.tensor([[self.ctx_len]], device=device), self.kv, visible)[0, 0]
-        logits = self.drafter.base_logits(hidden[:length])  # [l, Vd]
+        dspark, lazy = self.drafter.config.kind == "dspark", context.admit is not None
+        # Base logits for the whole block in one matmul, unless a stop rule may end the block early:
+        # then row by row, only for the positions it admits.
+        logits = None if dspark and lazy else self.drafter.base_logits(hidden[:length])  # [l, Vd]
         tokens, rows, confidences = [], [], []
         prev, state = anchor_id[0, 0], None
         for k in range(length):
-            row = logits[k]
-            if self.drafter.config.kind == "dspark":
+            bias = 0.0
+            if dspark:
                 bias, conf, state = self.drafter.head_step(hidden[k], self.drafter.to_draft_ids(prev), state)
-                row = row + bias
-                confidences.append(conf)
-            prev, q = _draft_from_logits(self.drafter, row, sampling, generator, vocab_size)
+                confidences.append(self._calibrated(conf, k, sampling))
+                if lazy and not context.admit(confidences):
+                    confidences.pop()
+                    break
+            row = (logits[k] if logits is not None else self.drafter.base_logits(hidden[k])) + bias
+            prev, q = _draft_from_logits(self.drafter, row, sampling, generator, context.vocab_size)
             tokens.append(prev)
             rows.append(q)
-        calibrated = None
-        if confidences:
-            calibrated = torch.stack(confidences).double().cpu()
-            temperatures = self.calibration.get(sampling_key(sampling.temperature))
-            if temperatures is not None:
-                calibrated = torch.from_numpy(scaled(calibrated.numpy(), temperatures))
-            calibrated = calibrated.float()
-        return Draft(tokens=torch.stack(tokens).cpu(), probs=torch.stack(rows), confidences=calibrated)
+        if not tokens:
+            return Draft(tokens=torch.zeros(0, dtype=torch.long), probs=torch.zeros(0, context.vocab_size),
+                         confidences=torch.zeros(0) if dspark else None)
+        return Draft(tokens=torch.stack(tokens).cpu(), probs=torch.stack(rows),
+                     confidences=torch.tensor(confidences, dtype=torch.float32) if dspark else None)
 
 
 class EagleServing(_ServedDrafter):
@@ -165,8 +178,8 @@ class EagleServing(_ServedDrafter):
         h, self.kv = self.drafter.encode_context(features[None], next_tokens, past, start)
         self.last_h = h[:, -1:]
 
-    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, vocab_size: int) -> Draft:
-        h, past = self.last_h, self.kv
+    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
+        h, past, vocab_size = self.last_h, self.kv, context.vocab_size
         tokens, rows = [], []
         for k in range(length):
             token, q = _draft_from_logits(self.drafter, self.drafter.base_logits(h[0, 0]), sampling, generator, vocab_size)
