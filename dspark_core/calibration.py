@@ -122,8 +122,19 @@ def fit_sts(rounds: Rounds, grid: np.ndarray = GRID) -> np.ndarray:
     return temperatures
 
 
+def ece_floor(pred: np.ndarray, draws: int = 100, seed: int = 0) -> float:
+    """The ECE a perfectly calibrated predictor scores on a sample of this size: the mean ECE of
+    ``pred`` against labels drawn from Bernoulli(pred). An ECE near it is noise, not miscalibration,
+    and no calibration method can push the measured ECE far below it."""
+    if len(pred) == 0:
+        return float("nan")
+    rng = np.random.default_rng(seed)
+    return float(np.mean([ece(pred, rng.random(len(pred)) < pred) for _ in range(draws)]))
+
+
 def position_metrics(rounds: Rounds, temperatures: np.ndarray | None = None) -> list[dict]:
-    """Per position k: ECE, AUC and Brier of the survival probability a_k (raw, or after STS)."""
+    """Per position k: ECE (and its noise floor, :func:`ece_floor`), AUC and Brier of the survival
+    probability a_k (raw, or after STS)."""
     conf = rounds.confidences if temperatures is None else scaled(rounds.confidences, temperatures)
     survival = np.cumprod(conf, axis=1)
     out = []
@@ -131,7 +142,7 @@ def position_metrics(rounds: Rounds, temperatures: np.ndarray | None = None) -> 
         rows, label = rounds.position(k)
         pred, y = survival[rows, k - 1], label[rows]
         out.append({"k": k, "n": int(rows.sum()), "rate": float(y.mean()) if len(y) else float("nan"),
-                    "ece": ece(pred, y), "auc": auc(pred, y), "brier": brier(pred, y)})
+                    "ece": ece(pred, y), "ece_floor": ece_floor(pred), "auc": auc(pred, y), "brier": brier(pred, y)})
     return out
 
 

@@ -104,9 +104,9 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         "rounds": int(len(rounds.verified)), "prompts": int(len(np.unique(rounds.prompt))),
         "fit_on": "rounds of even-numbered prompts", "scored_on": "rounds of odd-numbered prompts",
         "before": before, "after": after, "reliability": diagrams})
-    print("position  n     rate   ECE before -> after   AUC before -> after   Brier before -> after   T")
+    print("position  n     rate   ECE before -> after (floor)   AUC before -> after   Brier before -> after   T")
     for b, a, t in zip(before, after, temperatures):
-        print(f"k={b['k']:<7} {b['n']:<5} {b['rate']:.3f}  {b['ece']:.4f} -> {a['ece']:.4f}       "
+        print(f"k={b['k']:<7} {b['n']:<5} {b['rate']:.3f}  {b['ece']:.4f} -> {a['ece']:.4f} ({a['ece_floor']:.4f})  "
               f"{b['auc']:.3f} -> {a['auc']:.3f}        {b['brier']:.4f} -> {a['brier']:.4f}     {t:.2f}")
     print(f"saved to {path}")
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dspark_core.calibration import Rounds, auc, brier, ece, fit_sts, position_metrics, reliability, scaled
+from dspark_core.calibration import Rounds, auc, brier, ece, ece_floor, fit_sts, position_metrics, reliability, scaled
 
 
 def test_metrics_on_hand_computed_values():
@@ -50,3 +50,15 @@ def test_rounds_split_by_prompt_and_round_trip_through_npz(tmp_path):
     loaded = Rounds.load(rounds.save(tmp_path / "rounds.npz"))
     assert np.allclose(loaded.confidences, rounds.confidences, atol=1e-6)
     assert (loaded.accepted == rounds.accepted).all() and (loaded.domain == "synthetic").all()
+
+
+def test_ece_floor_is_what_calibrated_labels_score():
+    """Labels drawn from the predictions themselves score about the floor; labels from a shifted
+    law score well above it."""
+    rng = np.random.default_rng(3)
+    pred = rng.uniform(0.05, 0.6, size=3000)
+    floor = ece_floor(pred)
+    assert 0 < floor < 0.05
+    calibrated = [ece(pred, rng.random(3000) < pred) for _ in range(20)]
+    assert abs(np.mean(calibrated) - floor) < 0.3 * floor
+    assert ece(pred, rng.random(3000) < pred + 0.15) > 3 * floor
