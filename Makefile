@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test bench bench-full data train-drafters train-ablations train-quick clean-cache
+.PHONY: setup run test bench bench-full bench-scheduled data train-drafters train-ablations train-quick clean-cache
 
 setup: $(STAMP)
 
@@ -28,6 +28,9 @@ bench: setup
 
 bench-full: setup
 	$(BIN)/dspark bench --profile full $(FRESH)
+
+bench-scheduled: setup
+	$(BIN)/dspark bench --profile scheduled $(FRESH)
 
 # Tests: exact algebra, statistics, greedy identity on the default target, CLI, notebooks (papermill).
 test: setup

@@ -8,7 +8,9 @@ interrupted run loses nothing. Speedup is the median over prompts of the per-pro
 ratio ``(method tok/s) / (plain tok/s)``.
 
 Methods are ours (``ngram``, ``oracle``, ``draft-lm``, ``eagle``, ``dflash``, ``dspark-markov``,
-``dspark-rnn``: :func:`speculative_generate`) or peers run through transformers' public API
+``dspark-rnn``: :func:`speculative_generate`, at fixed block lengths or, for dspark drafters, under
+the hardware-aware scheduler with a cost profile measured at the start of the run) or peers run
+through transformers' public API
 (``hf-generate``: ``model.generate``; ``hf-assisted``: assisted generation with the draft LM at the
 library's default settings; ``hf-prompt-lookup``: prompt lookup decoding).
 """
@@ -30,7 +32,8 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from .decoding import GenerationResult, autoregressive_generate, speculative_generate
 from .drafters.draft_lm import load_draft_lm
 from .drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter
-from .policies import FixedLength
+from .policies import FixedLength, HardwareAware
+from .profile import CostProfile, measure_profile
 from .prompts import REPO_ROOT, load_prompt_set
 from .provenance import machine_info
 from .sampling import SamplingConfig
@@ -46,18 +49,21 @@ OURS = ("ngram", "oracle", "draft-lm", "eagle", "dflash", "dspark", *SHIPPED_DRA
 @dataclass(frozen=True)
 class Method:
     """A drafter (or peer) name, a block length and, for trained drafters, a checkpoint folder.
-    Plain decoding is ``Method("plain", 0)``; a peer's ``gamma`` 0 means the library default."""
+    Plain decoding is ``Method("plain", 0)``; a peer's ``gamma`` 0 means the library default.
+    ``scheduled``: verify with the hardware-aware scheduler (at most ``gamma`` tokens) instead of
+    all ``gamma`` (dspark drafters only)."""
 
     name: str
     gamma: int = 0
     checkpoint: str | None = None
+    scheduled: bool = False
 
     @property
     def label(self) -> str:
         if self.name in ("plain", "hf-generate") or (self.name in PEERS and not self.gamma):
             return self.name
         shown = Path(self.checkpoint).name if self.checkpoint and self.name not in PEERS else self.name
-        return f"{shown}@{self.gamma}"
+        return f"{shown}@{'hw' if self.scheduled else ''}{self.gamma}"
 
     @property
     def drafter(self) -> str:
@@ -72,7 +78,8 @@ def parse_methods(spec: str) -> list[Method]:
     """``"ngram:3,5;dspark-markov:7;dflash=runs/x:7;hf-assisted;hf-prompt-lookup:10"`` -> methods.
 
     ``name[=folder][:g1,g2]``. Trained drafters without ``=folder`` use the shipped checkpoint for
-    the default target; block lengths are required except for peers.
+    the default target; block lengths are required except for peers. A dspark drafter's ``hwG``
+    (e.g. ``dspark-markov:2,hw7``) runs the hardware-aware scheduler with at most G tokens a round.
     """
     methods = []
     for part in filter(None, (p.strip() for p in spec.split(";"))):
@@ -86,7 +93,14 @@ def parse_methods(spec: str) -> list[Method]:
         if checkpoint is None and (name in SHIPPED_DRAFTERS or name in ("draft-lm", "hf-assisted")):
             checkpoint = str(shipped_drafter("draft-lm" if name == "hf-assisted" else name))
         for g in (gammas.split(",") if gammas else ["0"]):
-            methods.append(Method(name, int(g), checkpoint))
+            g = g.strip()
+            scheduled = g.startswith("hw")
+            if scheduled and not name.startswith("dspark"):
+                raise ValueError(f"{part!r}: the hardware-aware scheduler ('hw{g[2:]}') needs a dspark drafter's "
+                                 "confidences; use dspark, dspark-markov or dspark-rnn.")
+            if not g.removeprefix("hw").isdigit():
+                raise ValueError(f"{part!r}: block lengths are integers, or hwG for the scheduler (e.g. 'hw7').")
+            methods.append(Method(name, int(g.removeprefix("hw")), checkpoint, scheduled))
     return methods
 
 
@@ -116,13 +130,19 @@ class BenchSettings:
 
 PROFILES = {
     "quick": BenchSettings(
-        methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7;dspark-rnn:7;"
+        methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7,hw7;dspark-rnn:7;"
                 "hf-generate;hf-assisted;hf-prompt-lookup:10",
         n_prompts=1, max_new_tokens=64,
     ),
     "full": BenchSettings(
         methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7;dspark-rnn:7;"
                 "hf-generate;hf-assisted;hf-prompt-lookup:10",
+        n_prompts=3, max_new_tokens=96,
+    ),
+    # DSpark's scheduling against the best fixed lengths on this CPU and the strongest peers, on the
+    # full profile's prompts
+    "scheduled": BenchSettings(
+        methods="ngram:7;dspark-markov:1,2,3,hw7;dspark-rnn:2,hw7;hf-prompt-lookup:10",
         n_prompts=3, max_new_tokens=96,
     ),
 }
@@ -166,10 +186,12 @@ class _Peer:
 
 @dataclass
 class _Runner:
-    """Builds each method once (the oracle per prompt: it needs the plain output) and runs it."""
+    """Builds each method once (the oracle per prompt: it needs the plain output) and runs it.
+    ``profile`` is the cost profile the scheduled methods read."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
+    profile: CostProfile | None = None
     built: dict = field(default_factory=dict)
 
     def run(self, method: Method, prompt: torch.Tensor, plain: GenerationResult | None, **kwargs) -> GenerationResult:
@@ -190,7 +212,8 @@ class _Runner:
             if drafter is None:
                 drafter = self.built[method] = build_drafter(method.drafter, self.model, self.tokenizer,
                                                              draft_model=method.checkpoint)
-        return speculative_generate(self.model, prompt, drafter, FixedLength(method.gamma), **kwargs)
+        policy = HardwareAware(method.gamma, self.profile.steps_per_second) if method.scheduled else FixedLength(method.gamma)
+        return speculative_generate(self.model, prompt, drafter, policy, **kwargs)
 
 
 def _row(key: dict, method: Method, result: GenerationResult, plain: GenerationResult, greedy: bool) -> dict:
@@ -241,6 +264,19 @@ def _prepare_out_dir(out_dir: Path, settings: BenchSettings) -> set[tuple]:
     return set(done.itertuples(index=False, name=None))
 
 
+def _cost_profile(out_dir: Path, model: PreTrainedModel, methods: list[Method]) -> CostProfile | None:
+    """The single-request cost profile of the scheduled methods: measured once per run folder and
+    stored there (``cost-profile.json``), so a resumed run schedules as the first part did."""
+    if not any(m.scheduled for m in methods):
+        return None
+    path = out_dir / "cost-profile.json"
+    if path.is_file():
+        return CostProfile.load(path)
+    profile = measure_profile(model, requests=(1,), max_tokens=max(m.gamma for m in methods if m.scheduled) + 1)
+    profile.save(path)
+    return profile
+
+
 def run_bench(
     settings: BenchSettings,
     out_dir: Path,
@@ -258,7 +294,7 @@ def run_bench(
     if model is None or tokenizer is None:
         model, tokenizer = load_target(settings.model)
     eos = eos_token_ids(model, tokenizer)
-    runner = _Runner(model, tokenizer)
+    runner = _Runner(model, tokenizer, _cost_profile(out_dir, model, methods))
     items = [(name, record) for name in settings.benchmarks
              for record in load_prompt_set(benchmark_path(name))[: settings.n_prompts]]
     jobs = [(t, name, record, turn) for t in settings.temperatures for name, record in items

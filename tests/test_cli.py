@@ -20,7 +20,8 @@ def test_generate_oracle(capsys):
     assert "acceptance 1.000" in capsys.readouterr().out
 
 
-BENCH = ["bench", "--benchmarks", "smoke", "--n-prompts", "2", "--methods", "ngram:3;oracle:3;hf-prompt-lookup:3",
+BENCH = ["bench", "--benchmarks", "smoke", "--n-prompts", "2", "--methods",
+         "ngram:3;oracle:3;hf-prompt-lookup:3;dspark-markov:hw3",
          "--temperatures", "0", "--max-new-tokens", "12"]
 
 
@@ -28,8 +29,10 @@ def test_bench_writes_rows_resumes_and_refuses_other_settings(tmp_path, capsys):
     out = tmp_path / "run"
     assert main(BENCH + ["--out", str(out)]) == 0
     rows = pd.read_csv(out / "rows.csv")
-    assert set(rows["method"]) == {"plain", "ngram@3", "oracle@3", "hf-prompt-lookup@3"} and len(rows) == 8
-    assert rows["same_as_plain"].all()
+    assert set(rows["method"]) == {"plain", "ngram@3", "oracle@3", "hf-prompt-lookup@3", "dspark-markov@hw3"}
+    assert len(rows) == 10 and rows["same_as_plain"].all()
+    profile = json.loads((out / "cost-profile.json").read_text())  # measured once for the scheduled method
+    assert len(profile["steps"]["1"]) == 4
     assert (rows.loc[rows["method"] == "oracle@3", "acceptance_rate"] == 1.0).all()
     assert json.loads((out / "settings.json").read_text())["machine"]["git_commit"]
     assert "speedup per domain" in capsys.readouterr().out
@@ -39,7 +42,8 @@ def test_bench_writes_rows_resumes_and_refuses_other_settings(tmp_path, capsys):
     first.to_csv(out / "rows.csv", index=False)
     assert main(BENCH + ["--out", str(out)]) == 0
     resumed = pd.read_csv(out / "rows.csv")
-    assert len(resumed) == 8 and resumed.iloc[:4].equals(first.reset_index(drop=True))
+    assert len(resumed) == 10 and resumed.iloc[:5].equals(first.reset_index(drop=True))
+    assert json.loads((out / "cost-profile.json").read_text()) == profile  # reused, not re-measured
     assert (resumed.groupby("method")["prompt_id"].nunique() == 2).all()
 
     assert main(BENCH[:-1] + ["16", "--out", str(out)]) == 2

@@ -63,6 +63,10 @@ def test_bad_gamma_and_methods():
         parse_methods("ngram")
     with pytest.raises(ValueError, match="Unknown method 'ngramm'"):
         parse_methods("ngramm:3")
+    with pytest.raises(ValueError, match="needs a dspark drafter's confidences"):
+        parse_methods("dflash:hw7")
+    with pytest.raises(ValueError, match="block lengths are integers"):
+        parse_methods("dspark-markov:seven")
 
 
 def test_bad_prompt_file(tmp_path):

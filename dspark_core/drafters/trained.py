@@ -138,21 +138,18 @@ class BlockDrafter(_ServedDrafter):
         anchor_id = torch.tensor([[anchor]], device=device)
         visible = torch.ones(1, 1, self.ctx_len, dtype=torch.bool, device=device)
         hidden = self.drafter.block_states(anchor_id, torch.tensor([[self.ctx_len]], device=device), self.kv, visible)[0, 0]
-        dspark, lazy = self.drafter.config.kind == "dspark", context.admit is not None
-        # Base logits for the whole block in one matmul, unless a stop rule may end the block early:
-        # then row by row, only for the positions it admits.
-        logits = None if dspark and lazy else self.drafter.base_logits(hidden[:length])  # [l, Vd]
+        dspark = self.drafter.config.kind == "dspark"
         tokens, rows, confidences = [], [], []
         prev, state = anchor_id[0, 0], None
         for k in range(length):
             bias = 0.0
-            if dspark:
+            if dspark:  # c_k comes before token k: a stop rule can end the block without drafting it
                 bias, conf, state = self.drafter.head_step(hidden[k], self.drafter.to_draft_ids(prev), state)
                 confidences.append(self._calibrated(conf, k, sampling))
-                if lazy and not context.admit(confidences):
+                if context.admit is not None and not context.admit(confidences):
                     confidences.pop()
                     break
-            row = (logits[k] if logits is not None else self.drafter.base_logits(hidden[k])) + bias
+            row = self.drafter.base_logits(hidden[k]) + bias  # row by row: as fast as one [g, Vd] matmul here
             prev, q = _draft_from_logits(self.drafter, row, sampling, generator, context.vocab_size)
             tokens.append(prev)
             rows.append(q)
