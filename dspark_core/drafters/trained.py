@@ -140,7 +140,7 @@ class BlockDrafter(_ServedDrafter):
         hidden = self.drafter.block_states(anchor_id, torch.tensor([[self.ctx_len]], device=device), self.kv, visible)[0, 0]
         dspark = self.drafter.config.kind == "dspark"
         tokens, rows, confidences = [], [], []
-        prev, state = anchor_id[0, 0], None
+        prev, state, rest = anchor_id[0, 0], None, None
         for k in range(length):
             bias = 0.0
             if dspark:  # c_k comes before token k: a stop rule can end the block without drafting it
@@ -149,7 +149,14 @@ class BlockDrafter(_ServedDrafter):
                 if context.admit is not None and not context.admit(confidences):
                     confidences.pop()
                     break
-            row = self.drafter.base_logits(hidden[k]) + bias  # row by row: as fast as one [g, Vd] matmul here
+            # Base logits: position 1 alone (a stop rule often ends the block there), then the rest of
+            # the block in one matmul, which reads the LM head once instead of once per row.
+            if k == 0:
+                row = self.drafter.base_logits(hidden[0])
+            else:
+                rest = self.drafter.base_logits(hidden[1:length]) if rest is None else rest  # [l - 1, Vd]
+                row = rest[k - 1]
+            row = row + bias
             prev, q = _draft_from_logits(self.drafter, row, sampling, generator, context.vocab_size)
             tokens.append(prev)
             rows.append(q)
