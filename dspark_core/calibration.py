@@ -6,6 +6,12 @@ T_k minimises the expected calibration error of the cumulative product at positi
 already fixed. Labels come from real verification rounds: the prefix of length k survived when the
 round accepted at least k draft tokens; a position counts only in rounds that verified it.
 
+Temperature scaling sharpens or softens a position's confidences around 0.5 but cannot move their
+mean when the head is off by a base rate (as ours is at sampling temperature 1, where acceptance is
+lower than in the training contexts). :func:`fit_sts_with_bias` also fits a per-position bias b_k,
+c_k -> sigma(logit(c_k) / T_k + b_k), with the same left-to-right search: sequential Platt scaling,
+an opt-in extension that is not in the paper.
+
 Calibration is fitted per sampling temperature (greedy and sampled acceptance differ) on held-out
 prompts and saved as ``calibration.json`` beside the drafter, which then applies it when serving.
 """
@@ -20,6 +26,7 @@ import numpy as np
 
 CALIBRATION_FILE = "calibration.json"
 GRID = np.exp(np.linspace(np.log(0.05), np.log(20.0), 241))
+BIAS_GRID = np.linspace(-2.0, 2.0, 41)
 
 
 @dataclass
@@ -64,9 +71,23 @@ def _logit(c: np.ndarray) -> np.ndarray:
     return np.log(c) - np.log1p(-c)
 
 
-def scaled(confidences: np.ndarray, temperatures: np.ndarray) -> np.ndarray:
-    """sigma(logit(c_k) / T_k) per position; confidences [..., g], temperatures [g]."""
-    return 1.0 / (1.0 + np.exp(-_logit(confidences) / temperatures[: confidences.shape[-1]]))
+@dataclass
+class Scaling:
+    """Per-position rescaling of raw confidences: c_k -> sigma(logit(c_k) / T_k + b_k); temperatures
+    and biases [g]. STS has every b_k = 0; the identity has T = 1, b = 0."""
+
+    temperatures: np.ndarray
+    biases: np.ndarray
+
+    def __call__(self, confidences: np.ndarray, first: int = 0) -> np.ndarray:
+        """Rescaled confidences [..., n] of positions first + 1 .. first + n."""
+        n = confidences.shape[-1]
+        t, b = self.temperatures[first : first + n], self.biases[first : first + n]
+        return 1.0 / (1.0 + np.exp(-(_logit(confidences) / t + b)))
+
+    @property
+    def method(self) -> str:
+        return "sts" if not self.biases.any() else "sts+bias"
 
 
 def ece(pred: np.ndarray, label: np.ndarray, bins: int = 15) -> float:
@@ -106,20 +127,29 @@ def brier(pred: np.ndarray, label: np.ndarray) -> float:
     return float(np.mean((pred - label) ** 2)) if len(pred) else float("nan")
 
 
-def fit_sts(rounds: Rounds, grid: np.ndarray = GRID) -> np.ndarray:
-    """Temperatures T_1..T_g, each by 1-D grid search on the ECE of the cumulative product."""
+def fit_sts(rounds: Rounds, grid: np.ndarray = GRID, biases: np.ndarray = np.zeros(1)) -> Scaling:
+    """T_k (and b_k from ``biases``; STS: 0 only) position by position, left to right, by grid search
+    on the ECE of the cumulative product with positions 1..k-1 already rescaled."""
     g = rounds.confidences.shape[1]
     logits = _logit(rounds.confidences)
     survival = np.ones(len(rounds.verified))
-    temperatures = np.ones(g)
+    scaling = Scaling(np.ones(g), np.zeros(g))
+    candidates = [(t, b) for t in grid for b in biases]
     for k in range(1, g + 1):
         rows, label = rounds.position(k)
         if rows.sum() == 0:
             break
-        scores = [ece(survival[rows] / (1 + np.exp(-logits[rows, k - 1] / t)), label[rows]) for t in grid]
-        temperatures[k - 1] = grid[int(np.argmin(scores))]
-        survival = survival / (1 + np.exp(-logits[:, k - 1] / temperatures[k - 1]))
-    return temperatures
+        scores = [ece(survival[rows] / (1 + np.exp(-(logits[rows, k - 1] / t + b))), label[rows]) for t, b in candidates]
+        scaling.temperatures[k - 1], scaling.biases[k - 1] = candidates[int(np.argmin(scores))]
+        survival = survival * scaling(rounds.confidences[:, k - 1 : k], k - 1)[:, 0]
+    return scaling
+
+
+def fit_sts_with_bias(rounds: Rounds) -> Scaling:
+    """STS+bias (ours, not the paper's): T_k and b_k per position, left to right, on the ECE. The
+    temperatures are kept in [0.25, 4]: with a free bias, a huge T_k flattens every confidence to the
+    base rate, which scores a low ECE but throws away the ranking the scheduler needs (Brier worsens)."""
+    return fit_sts(rounds, grid=GRID[(GRID >= 0.25) & (GRID <= 4.0)], biases=BIAS_GRID)
 
 
 def ece_floor(pred: np.ndarray, draws: int = 100, seed: int = 0) -> float:
@@ -132,10 +162,10 @@ def ece_floor(pred: np.ndarray, draws: int = 100, seed: int = 0) -> float:
     return float(np.mean([ece(pred, rng.random(len(pred)) < pred) for _ in range(draws)]))
 
 
-def position_metrics(rounds: Rounds, temperatures: np.ndarray | None = None) -> list[dict]:
+def position_metrics(rounds: Rounds, scaling: Scaling | None = None) -> list[dict]:
     """Per position k: ECE (and its noise floor, :func:`ece_floor`), AUC and Brier of the survival
-    probability a_k (raw, or after STS)."""
-    conf = rounds.confidences if temperatures is None else scaled(rounds.confidences, temperatures)
+    probability a_k (raw, or rescaled)."""
+    conf = rounds.confidences if scaling is None else scaling(rounds.confidences)
     survival = np.cumprod(conf, axis=1)
     out = []
     for k in range(1, conf.shape[1] + 1):
@@ -146,10 +176,10 @@ def position_metrics(rounds: Rounds, temperatures: np.ndarray | None = None) -> 
     return out
 
 
-def reliability(rounds: Rounds, k: int, temperatures: np.ndarray | None = None, bins: int = 10) -> list[dict]:
+def reliability(rounds: Rounds, k: int, scaling: Scaling | None = None, bins: int = 10) -> list[dict]:
     """Reliability-diagram data at position k: per bin the mean predicted survival, the observed
     survival rate and the number of rounds."""
-    conf = rounds.confidences if temperatures is None else scaled(rounds.confidences, temperatures)
+    conf = rounds.confidences if scaling is None else scaling(rounds.confidences)
     rows, label = rounds.position(k)
     pred, y = np.cumprod(conf, axis=1)[rows, k - 1], label[rows]
     index = np.minimum((pred * bins).astype(int), bins - 1)
@@ -166,21 +196,23 @@ def rounds_file(temperature: float) -> str:
     return f"calibration-rounds-{sampling_key(temperature).replace('=', '')}.npz"
 
 
-def save_calibration(folder: Path, temperature: float, temperatures: np.ndarray, metrics: dict) -> Path:
-    """Add (or replace) the STS temperatures for one sampling temperature in ``folder/calibration.json``."""
+def save_calibration(folder: Path, temperature: float, scaling: Scaling, metrics: dict) -> Path:
+    """Add (or replace) the rescaling for one sampling temperature in ``folder/calibration.json``."""
     path = Path(folder) / CALIBRATION_FILE
     stored = json.loads(path.read_text()) if path.is_file() else {}
-    stored[sampling_key(temperature)] = {"temperatures": [float(t) for t in temperatures], **metrics}
+    stored[sampling_key(temperature)] = {"method": scaling.method, "temperatures": scaling.temperatures.tolist(),
+                                         "biases": scaling.biases.tolist(), **metrics}
     path.write_text(json.dumps(stored, indent=1))
     return path
 
 
-def load_calibration(folder: Path) -> dict[str, np.ndarray]:
-    """{sampling key: temperatures [g]} from ``folder/calibration.json`` (empty when there is none)."""
+def load_calibration(folder: Path) -> dict[str, Scaling]:
+    """{sampling key: rescaling} from ``folder/calibration.json`` (empty when there is none)."""
     path = Path(folder) / CALIBRATION_FILE
     if not path.is_file():
         return {}
-    return {key: np.asarray(entry["temperatures"]) for key, entry in json.loads(path.read_text()).items()}
+    return {key: Scaling(np.asarray(entry["temperatures"]), np.asarray(entry.get("biases", np.zeros(len(entry["temperatures"])))))
+            for key, entry in json.loads(path.read_text()).items()}
 
 
 def calibration_prompts(count: int, seed: int = 0) -> list[dict]:

@@ -96,18 +96,19 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     fit, held = rounds.split_by_prompt()
     if min(len(fit.verified), len(held.verified)) < 10:
         raise ValueError(f"Only {len(rounds.verified)} full rounds were collected; pass more --n-prompts.")
-    temperatures = cal.fit_sts(fit)
-    before, after = cal.position_metrics(held), cal.position_metrics(held, temperatures)
-    diagrams = {k: {"before": cal.reliability(held, k), "after": cal.reliability(held, k, temperatures)}
+    scaling = cal.fit_sts_with_bias(fit) if args.with_bias else cal.fit_sts(fit)
+    before, after = cal.position_metrics(held), cal.position_metrics(held, scaling)
+    diagrams = {k: {"before": cal.reliability(held, k), "after": cal.reliability(held, k, scaling)}
                 for k in range(1, rounds.confidences.shape[1] + 1)}
-    path = cal.save_calibration(folder, args.temperature, temperatures, {
+    path = cal.save_calibration(folder, args.temperature, scaling, {
         "rounds": int(len(rounds.verified)), "prompts": int(len(np.unique(rounds.prompt))),
         "fit_on": "rounds of even-numbered prompts", "scored_on": "rounds of odd-numbered prompts",
         "before": before, "after": after, "reliability": diagrams})
-    print("position  n     rate   ECE before -> after (floor)   AUC before -> after   Brier before -> after   T")
-    for b, a, t in zip(before, after, temperatures):
+    print(f"{scaling.method}: position  n     rate   ECE before -> after (floor)   AUC before -> after   "
+          "Brier before -> after   T     b")
+    for b, a, t, bias in zip(before, after, scaling.temperatures, scaling.biases):
         print(f"k={b['k']:<7} {b['n']:<5} {b['rate']:.3f}  {b['ece']:.4f} -> {a['ece']:.4f} ({a['ece_floor']:.4f})  "
-              f"{b['auc']:.3f} -> {a['auc']:.3f}        {b['brier']:.4f} -> {a['brier']:.4f}     {t:.2f}")
+              f"{b['auc']:.3f} -> {a['auc']:.3f}        {b['brier']:.4f} -> {a['brier']:.4f}     {t:.2f}  {bias:+.1f}")
     print(f"saved to {path}")
 
 
@@ -207,6 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     calib.add_argument("--top-k", type=int, default=0)
     calib.add_argument("--top-p", type=float, default=1.0)
     calib.add_argument("--seed", type=int, default=0)
+    calib.add_argument("--with-bias", action="store_true",
+                       help="also fit a per-position bias (sequential Platt scaling; an extension, not the paper's STS)")
     calib.add_argument("--rounds", default=None,
                        help="refit on saved rounds (the .npz a previous run wrote beside the drafter) instead of decoding")
     calib.add_argument("--model", default=DEFAULT_TARGET)

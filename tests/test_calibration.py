@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from dspark_core.calibration import Rounds, auc, brier, ece, ece_floor, fit_sts, position_metrics, reliability, scaled
+from dspark_core.calibration import (
+    Rounds, Scaling, auc, brier, ece, ece_floor, fit_sts, fit_sts_with_bias, position_metrics, reliability,
+)
 
 
 def test_metrics_on_hand_computed_values():
@@ -15,20 +17,22 @@ def test_metrics_on_hand_computed_values():
     assert ece(pred, label, bins=2) == pytest.approx(0.75 * abs(0.85 / 3 - 1 / 3) + 0.25 * 0.2)
 
 
-def synthetic_rounds(n: int = 20_000, g: int = 5, true_temperature: float = 2.5, seed: int = 0) -> Rounds:
-    """Raw confidences are overconfident: the real conditional acceptance is sigma(logit(c) / T)."""
+def synthetic_rounds(n: int = 20_000, g: int = 5, true_temperature: float = 2.5, true_bias: float = 0.0,
+                     seed: int = 0) -> Rounds:
+    """Raw confidences are miscalibrated: the real conditional acceptance is sigma(logit(c) / T + b)."""
     rng = np.random.default_rng(seed)
     raw = 1 / (1 + np.exp(-rng.normal(1.5, 1.5, size=(n, g))))
-    true = scaled(raw, np.full(g, true_temperature))
+    true = Scaling(np.full(g, true_temperature), np.full(g, true_bias))(raw)
     survived = np.cumprod(rng.random((n, g)) < true, axis=1)
     return Rounds(raw, np.full(n, g), survived.sum(1), np.arange(n) // 50, np.full(n, "synthetic"))
 
 
 def test_sts_recovers_the_temperature_and_halves_ece():
     rounds = synthetic_rounds()
-    temperatures = fit_sts(rounds)
-    assert np.allclose(temperatures, 2.5, rtol=0.3), temperatures  # ECE grid search is noisy deep in the block
-    before, after = position_metrics(rounds), position_metrics(rounds, temperatures)
+    scaling = fit_sts(rounds)
+    assert np.allclose(scaling.temperatures, 2.5, rtol=0.3), scaling  # ECE grid search is noisy deep in the block
+    assert scaling.method == "sts" and not scaling.biases.any()
+    before, after = position_metrics(rounds), position_metrics(rounds, scaling)
     for b, a in zip(before, after):
         assert a["ece"] < 0.5 * b["ece"], (b, a)
         assert a["brier"] <= b["brier"] + 1e-9
@@ -62,3 +66,15 @@ def test_ece_floor_is_what_calibrated_labels_score():
     calibrated = [ece(pred, rng.random(3000) < pred) for _ in range(20)]
     assert abs(np.mean(calibrated) - floor) < 0.3 * floor
     assert ece(pred, rng.random(3000) < pred + 0.15) > 3 * floor
+
+
+def test_a_base_rate_shift_needs_the_bias():
+    """When the head is off by a base rate (real acceptance sigma(logit(c) - 1)), temperatures alone
+    leave most of the ECE at position 1; with the bias the fit finds b = -1 and halves it everywhere."""
+    rounds = synthetic_rounds(n=8000, g=3, true_temperature=1.0, true_bias=-1.0)
+    before = position_metrics(rounds)
+    sts, platt = fit_sts(rounds), fit_sts_with_bias(rounds)
+    assert position_metrics(rounds, sts)[0]["ece"] > 0.5 * before[0]["ece"]
+    assert platt.method == "sts+bias" and abs(platt.biases[0] + 1.0) <= 0.2, platt
+    for b, a in zip(before, position_metrics(rounds, platt)):
+        assert a["ece"] < 0.5 * b["ece"], (b, a)

@@ -14,7 +14,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..calibration import load_calibration, sampling_key, scaled
+from ..calibration import Scaling, load_calibration, sampling_key
 from ..models.eagle import EagleDrafter
 from ..models.parallel import KV, ParallelDrafter, TargetBoundDrafter, concat_kv
 from ..models.config import DrafterConfig
@@ -110,11 +110,11 @@ class _ServedDrafter:
 class BlockDrafter(_ServedDrafter):
     """Drafts one block per round with a :class:`ParallelDrafter` (dflash / dspark).
 
-    ``calibration`` maps a sampling key (see :func:`sampling_key`) to STS temperatures; the dspark
-    confidences are rescaled with them when serving at that sampling temperature."""
+    ``calibration`` maps a sampling key (see :func:`sampling_key`) to a :class:`Scaling` (STS); the
+    dspark confidences are rescaled with it when serving at that sampling temperature."""
 
     def __init__(self, drafter: ParallelDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 calibration: dict | None = None):
+                 calibration: dict[str, Scaling] | None = None):
         super().__init__(drafter, model, tokenizer)
         self.calibration = calibration or {}
 
@@ -127,10 +127,10 @@ class BlockDrafter(_ServedDrafter):
     def _calibrated(self, confidence: torch.Tensor, k: int, sampling: SamplingConfig) -> float:
         """c_k after STS for this sampling temperature (raw when none is stored), rounded to float32
         exactly as the returned Draft holds it, so a stop rule sees what the policy later sees."""
-        temperatures = self.calibration.get(sampling_key(sampling.temperature))
+        scaling = self.calibration.get(sampling_key(sampling.temperature))
         value = np.asarray([float(confidence)])
-        if temperatures is not None:
-            value = scaled(value, temperatures[k : k + 1])
+        if scaling is not None:
+            value = scaling(value, k)
         return float(np.float32(value[0]))
 
     def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
