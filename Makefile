@@ -54,8 +54,9 @@ train-drafters: setup
 	$(BIN)/dspark train --drafter draft-lm --layers 4 --lm-width 192 --steps $(LM_STEPS) --out $(DRAFTERS)/draft-lm
 
 # Ablation drafters for notebook 04 (same data, steps and seed as the shipped ones; one change each):
-# CE-only loss for dflash and dspark-markov, then depth 2 and 3, then blocks 11 and 15. About 17-35 min
-# each at 1 thread. Their weights are not committed (see .gitignore); their loss.csv and train_meta.json are.
+# CE-only loss for dflash and dspark-markov, then depth 2 and 3, then blocks 11 and 15. Measured here at
+# 1 thread beside other work: dflash-ce 15 min, dspark-markov-ce 24, -L2 29, -B11 26 (L3 and B15 not run
+# yet). Their weights are not committed (see .gitignore); config.json, loss.csv and train_meta.json are.
 ABLATIONS := $(DRAFTERS)/ablations
 train-ablations: setup
 	$(BIN)/dspark train --drafter dflash --block 7 --loss ce --steps $(STEPS) --out $(ABLATIONS)/dflash-ce
