@@ -155,16 +155,12 @@ class HardwareAware:
 
     def admit(self, confidences: Sequence[float]) -> bool:
         """Algorithm 1 for one request: candidates come in order k = 1, 2, ..., so position k is
-        admitted when it raises the throughput over verifying 1..k-1 (the early stop ends the search
-        at the first that does not)."""
+        admitted when Algorithm 1 run on c_1..c_k admits all k (the early stop ends the search at the
+        first position that does not raise the throughput). Always the early-stopping rule: the lossy
+        retrospective variant decides after seeing the whole block, which no stop rule can."""
         k = len(confidences)
-        survivals = torch.cumprod(torch.tensor(confidences, dtype=torch.float64), 0).tolist()
-        if k > self.max_draft or survivals[-1] <= 0:
-            return False
-        before = 1.0
-        for a in survivals[:-1]:  # summed in the order schedule_prefixes sums them, so both agree exactly
-            before += a
-        return (before + survivals[-1]) * self.steps_per_second(k + 1, 1) > before * self.steps_per_second(k, 1)
+        survivals = torch.cumprod(torch.tensor(confidences, dtype=torch.float64), 0)
+        return k <= self.max_draft and schedule_prefixes([survivals], lambda tokens: self.steps_per_second(tokens, 1)) == [k]
 
 
 def verify_lengths(policy: VerificationPolicy, drafts: Sequence[Draft], budgets: Sequence[int]) -> list[int]:

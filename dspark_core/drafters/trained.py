@@ -88,7 +88,7 @@ class _ServedDrafter:
         """Add the next ``n`` committed tokens (features [n, m, d_t]) to the context."""
         raise NotImplementedError
 
-    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
+    def _draft(self, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         raise NotImplementedError
 
     @torch.inference_mode()
@@ -104,7 +104,7 @@ class _ServedDrafter:
         length = min(max_tokens, self.drafter.config.block_size)
         if length < 1:
             return Draft.empty(context.vocab_size)
-        return self._draft(context.tokens[-1], length, sampling, generator, context)
+        return self._draft(length, sampling, generator, context)
 
 
 class BlockDrafter(_ServedDrafter):
@@ -133,9 +133,9 @@ class BlockDrafter(_ServedDrafter):
             value = scaling(value, k)
         return float(np.float32(value[0]))
 
-    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
+    def _draft(self, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         device = self.kv[0][0].device
-        anchor_id = torch.tensor([[anchor]], device=device)
+        anchor_id = torch.tensor([[context.tokens[-1]]], device=device)
         visible = torch.ones(1, 1, self.ctx_len, dtype=torch.bool, device=device)
         hidden = self.drafter.block_states(anchor_id, torch.tensor([[self.ctx_len]], device=device), self.kv, visible)[0, 0]
         dspark = self.drafter.config.kind == "dspark"
@@ -182,7 +182,7 @@ class EagleServing(_ServedDrafter):
         h, self.kv = self.drafter.encode_context(features[None], next_tokens, past, start)
         self.last_h = h[:, -1:]
 
-    def _draft(self, anchor: int, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
+    def _draft(self, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         h, past, vocab_size = self.last_h, self.kv, context.vocab_size
         tokens, rows = [], []
         for k in range(length):
