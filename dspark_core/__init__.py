@@ -1,12 +1,26 @@
 """dspark_core: lossless speculative decoding with semi-autoregressive drafters and scheduled verification."""
 
-from .decoding import GenerationResult, RoundRecord, autoregressive_generate, speculative_generate
-from .drafters import Draft, DraftContext, Drafter, DraftLMDrafter, NgramDrafter, OracleDrafter
-from .policies import FixedLength, VerificationPolicy
-from .sampling import SamplingConfig, one_hot, probs_from_logits, sample
-from .session import CausalLMSession, StepOutput
-from .target import DEFAULT_TARGET, encode_prompt, eos_token_ids, load_target, tokenizer_fingerprint
-from .verification import Verdict, residual, verify_chain
+from .core.rounds import GenerationResult, RoundRecord
+from .core.sampling import SamplingConfig, one_hot, probs_from_logits, sample
+from .core.session import CausalLMSession, StepOutput
+from .core.target import (
+    DEFAULT_TARGET,
+    encode_prompt,
+    eos_token_ids,
+    load_target,
+    tokenizer_fingerprint,
+)
+from .core.verification import Verdict, residual, verify_chain
+from .decode.loop import autoregressive_generate, speculative_generate
+from .decode.policies import FixedLength, VerificationPolicy
+from .drafters import (
+    Draft,
+    DraftContext,
+    Drafter,
+    DraftLMDrafter,
+    NgramDrafter,
+    OracleDrafter,
+)
 
 __all__ = [
     "DEFAULT_TARGET", "CausalLMSession", "Draft", "DraftContext", "DraftLMDrafter", "Drafter", "FixedLength",

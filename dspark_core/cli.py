@@ -10,12 +10,22 @@ from pathlib import Path
 
 import numpy as np
 
-from .bench import BENCHMARKS, PROFILES, RESULTS_DIR, BenchSettings, report, run_bench
-from .decoding import GenerationResult, autoregressive_generate, speculative_generate
-from .drafters.registry import DRAFTER_NAMES, build_drafter, shipped_drafter as drafter_folder
-from .policies import FixedLength
-from .sampling import SamplingConfig
-from .target import DEFAULT_TARGET, encode_prompt, eos_token_ids, load_target
+from .core.prompts import load_prompt_set
+from .core.rounds import GenerationResult
+from .core.sampling import SamplingConfig
+from .core.target import DEFAULT_TARGET, encode_prompt, eos_token_ids, load_target
+from .decode.loop import autoregressive_generate, speculative_generate
+from .decode.policies import FixedLength
+from .drafters.registry import DRAFTER_NAMES, build_drafter
+from .drafters.registry import shipped_drafter as drafter_folder
+from .eval.bench import (
+    BENCHMARKS,
+    PROFILES,
+    RESULTS_DIR,
+    BenchSettings,
+    report,
+    run_bench,
+)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -68,7 +78,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from .profile import default_profile_path, measure_profile
+    from .decode.profile import default_profile_path, measure_profile
 
     model, _ = load_target(args.model, device=args.device)
     profile = measure_profile(model, tuple(args.requests), args.max_tokens, args.context, args.repeats)
@@ -80,7 +90,8 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from . import calibration as cal
+    from .decode import calibration as cal
+    from .eval.calibrate import calibration_prompts, collect_rounds
 
     model, tokenizer = load_target(args.model, device=args.device)
     drafter = build_drafter("dspark", model, tokenizer, draft_model=args.drafter_dir)
@@ -90,8 +101,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         rounds = cal.Rounds.load(args.rounds)
         print(f"refitting on {len(rounds.verified)} saved rounds from {args.rounds}")
     else:
-        records = cal.calibration_prompts(args.n_prompts, args.seed)
-        rounds = cal.collect_rounds(model, tokenizer, drafter, records, args.gamma, sampling, args.max_new_tokens, args.seed)
+        records = calibration_prompts(args.n_prompts, args.seed)
+        rounds = collect_rounds(model, tokenizer, drafter, records, args.gamma, sampling, args.max_new_tokens, args.seed)
         print(f"rounds saved to {rounds.save(folder / cal.rounds_file(args.temperature))} (refit with --rounds)")
     fit, held = rounds.split_by_prompt()
     if min(len(fit.verified), len(held.verified)) < 10:
@@ -113,7 +124,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_data(args: argparse.Namespace) -> None:
-    from . import distill, train_prompts
+    from .data import distill, train_prompts
 
     if args.action == "prompts":
         records = train_prompts.generate_train_prompts()
@@ -131,9 +142,9 @@ def cmd_data(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from . import distill
-    from .features import build_feature_cache
-    from .train import TrainConfig, train, train_draft_lm
+    from .data import distill
+    from .data.features import build_feature_cache
+    from .train.drafters import TrainConfig, train, train_draft_lm
 
     config = TrainConfig(
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
@@ -216,8 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     calib.add_argument("--device", default="cpu")
     calib.set_defaults(func=cmd_calibrate)
 
-    from .distill import DISTILL_DIR, DistillSettings
-    from .train_prompts import TRAIN_PROMPTS
+    from .data.distill import DISTILL_DIR, DistillSettings
+    from .data.train_prompts import TRAIN_PROMPTS
 
     defaults = DistillSettings()
     data = sub.add_parser("data", help="training data: write the prompts, self-distil answers, pack them")
@@ -236,7 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--device", default="cpu")
     data.set_defaults(func=cmd_data)
 
-    from .train import TrainConfig
+    from .train.drafters import TrainConfig
 
     tc = TrainConfig()
     trn = sub.add_parser("train", help="train a drafter (eagle, dflash, dspark, draft-lm) on the self-distillation data")

@@ -10,12 +10,31 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from dspark_core import verification
-from dspark_core import DraftContext, FixedLength, SamplingConfig, autoregressive_generate, speculative_generate
+from dspark_core import (
+    DraftContext,
+    FixedLength,
+    SamplingConfig,
+    autoregressive_generate,
+    speculative_generate,
+    verification,
+)
 from dspark_core.cli import main
-from dspark_core.drafters.trained import BlockDrafter, EagleServing, load_trained_drafter
-from dspark_core.models import DrafterConfig, EagleDrafter, ParallelDrafter, TargetBoundDrafter, drafter_loss, l1_distance, position_weights, soft_acceptance
-from dspark_core.target import target_fingerprint, tokenizer_fingerprint
+from dspark_core.core.target import target_fingerprint, tokenizer_fingerprint
+from dspark_core.drafters.trained import (
+    BlockDrafter,
+    EagleServing,
+    load_trained_drafter,
+)
+from dspark_core.models import (
+    DrafterConfig,
+    EagleDrafter,
+    ParallelDrafter,
+    TargetBoundDrafter,
+    drafter_loss,
+    l1_distance,
+    position_weights,
+    soft_acceptance,
+)
 
 HEADS = {"eagle": "none", "dflash": "none", "dspark-markov": "markov", "dspark-rnn": "rnn"}
 

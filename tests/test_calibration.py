@@ -3,8 +3,17 @@
 import numpy as np
 import pytest
 
-from dspark_core.calibration import (
-    Rounds, Scaling, auc, brier, ece, ece_floor, fit_sts, fit_sts_with_bias, position_metrics, reliability,
+from dspark_core.decode.calibration import (
+    Rounds,
+    Scaling,
+    auc,
+    brier,
+    ece,
+    ece_floor,
+    fit_sts,
+    fit_sts_with_bias,
+    position_metrics,
+    reliability,
 )
 
 

@@ -53,7 +53,7 @@ def test_bench_writes_rows_resumes_and_refuses_other_settings(tmp_path, capsys):
 def test_calibrate_writes_sts_beside_the_drafter(tmp_path, capsys):
     import shutil
 
-    from dspark_core.calibration import load_calibration
+    from dspark_core.decode.calibration import load_calibration
     from dspark_core.drafters.registry import shipped_drafter
 
     folder = tmp_path / "dspark"

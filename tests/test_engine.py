@@ -5,11 +5,10 @@ import pytest
 import torch
 
 from dspark_core import FixedLength, NgramDrafter, autoregressive_generate
+from dspark_core.decode.engine import BatchedEngine
+from dspark_core.decode.policies import HardwareAware
 from dspark_core.drafters.registry import build_drafter
-from dspark_core.engine import BatchedEngine
-from dspark_core.policies import HardwareAware
 
-from .conftest import PROMPTS
 
 MAX_NEW = [40, 12, 40, 25, 40]  # request 1 finishes early; with max_batch 3, requests 3 and 4 join later
 

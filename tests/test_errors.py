@@ -6,11 +6,18 @@ from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 
-from dspark_core import DraftLMDrafter, FixedLength, NgramDrafter, encode_prompt, load_target, speculative_generate
+from dspark_core import (
+    DraftLMDrafter,
+    FixedLength,
+    NgramDrafter,
+    encode_prompt,
+    load_target,
+    speculative_generate,
+)
 from dspark_core.cli import main
-from dspark_core.bench import parse_methods
+from dspark_core.core.prompts import load_prompt_set
 from dspark_core.drafters import build_drafter
-from dspark_core.prompts import load_prompt_set
+from dspark_core.eval.bench import parse_methods
 
 
 def test_empty_prompt(target):

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from dspark_core import SamplingConfig, verify_chain
-from dspark_core.drafters.base import Draft
-from dspark_core.policies import (
+from dspark_core.core.rounds import Draft
+from dspark_core.decode.policies import (
     ConfidenceThreshold,
     FixedLength,
     HardwareAware,

@@ -11,11 +11,21 @@ import json
 import pytest
 import torch
 
-from dspark_core import FixedLength, SamplingConfig, autoregressive_generate, speculative_generate
-from dspark_core.drafters.base import DraftContext
-from dspark_core.policies import HardwareAware, SurvivalThreshold
-from dspark_core.session import CausalLMSession
-from dspark_core.drafters.registry import SHIPPED_DIR, SHIPPED_DRAFTERS, build_drafter, shipped_drafter
+from dspark_core import (
+    FixedLength,
+    SamplingConfig,
+    autoregressive_generate,
+    speculative_generate,
+)
+from dspark_core.core.rounds import DraftContext
+from dspark_core.core.session import CausalLMSession
+from dspark_core.decode.policies import HardwareAware, SurvivalThreshold
+from dspark_core.drafters.registry import (
+    SHIPPED_DIR,
+    SHIPPED_DRAFTERS,
+    build_drafter,
+    shipped_drafter,
+)
 
 MAX_NEW = 64
 NAMES = SHIPPED_DRAFTERS + ("draft-lm",)

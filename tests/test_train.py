@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from dspark_core import FixedLength, autoregressive_generate, speculative_generate
-from dspark_core import train as train_module
-from dspark_core.distill import load
-from dspark_core.drafters.trained import load_trained_drafter
-from dspark_core.features import build_feature_cache
+from dspark_core.data.distill import load
+from dspark_core.data.features import build_feature_cache
 from dspark_core.drafters import build_drafter
-from dspark_core.train import TrainConfig, train, train_draft_lm
+from dspark_core.drafters.trained import load_trained_drafter
+from dspark_core.train import drafters as train_module
+from dspark_core.train.drafters import TrainConfig, train, train_draft_lm
 
 QUICK = dict(drafter="dspark", head="rnn", block=4, draft_vocab=512, rank=16, steps=20, batch_size=4,
              blocks_per_seq=2, save_every=10, log_every=5, val_fraction=0.25, warmup=5)

@@ -6,9 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from dspark_core import distill
-from dspark_core.prompts import load_prompt_set
-from dspark_core.train_prompts import DEFAULT_COUNTS, TRAIN_PROMPTS, generate_train_prompts, meta_path, python_version
+from dspark_core.data import distill
+from dspark_core.core.prompts import load_prompt_set
+from dspark_core.data.train_prompts import (
+    DEFAULT_COUNTS,
+    TRAIN_PROMPTS,
+    generate_train_prompts,
+    meta_path,
+    python_version,
+)
 
 PROMPT_DIR = TRAIN_PROMPTS.parent
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dspark_core import SamplingConfig, verify_chain
-from dspark_core.verification import acceptance_probability, residual
+from dspark_core.core.verification import acceptance_probability, residual
 
 from .toy import extend_with_target, round_distribution, tables, target_joint
 

@@ -17,7 +17,7 @@ import torch
 from scipy.stats import chisquare
 
 from dspark_core import SamplingConfig, verify_chain
-from dspark_core import verification
+from dspark_core.core import verification
 
 from .toy import tables, target_joint
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 import torch
 
 from dspark_core import SamplingConfig, probs_from_logits
-from dspark_core.verification import acceptance_probability, rejection_distribution
+from dspark_core.core.verification import acceptance_probability, rejection_distribution
 
 
 def tables(vocab: int, sampling: SamplingConfig, seed: int, one_hot_draft: bool = False, dtype=torch.float64):

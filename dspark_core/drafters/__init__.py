@@ -1,6 +1,6 @@
-"""Drafters: all return draft tokens, the exact distributions they were sampled from, and optional confidences."""
+"""Layer 3, drafters: all return draft tokens, the exact distributions they were sampled from, and optional confidences."""
 
-from .base import Draft, DraftContext, Drafter
+from ..core.rounds import Draft, DraftContext, Drafter
 from .draft_lm import DraftLMDrafter
 from .lookup import NgramDrafter, OracleDrafter
 from .registry import DRAFTER_NAMES, build_drafter

@@ -5,12 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
-from ..sampling import SamplingConfig, probs_from_logits, sample
-from ..session import CausalLMSession
-from ..target import load_target, tokenizer_fingerprint
-from .base import Draft, DraftContext
+from ..core.rounds import Draft, DraftContext
+from ..core.sampling import SamplingConfig, probs_from_logits, sample
+from ..core.session import CausalLMSession
+from ..core.target import load_target, tokenizer_fingerprint
 
 
 def load_draft_lm(

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..sampling import SamplingConfig, one_hot
-from .base import Draft, DraftContext
+from ..core.rounds import Draft, DraftContext
+from ..core.sampling import SamplingConfig, one_hot
 
 
 def _one_hot_draft(tokens: Sequence[int], vocab_size: int) -> Draft:

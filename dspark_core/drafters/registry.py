@@ -7,12 +7,12 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..prompts import REPO_ROOT
-from ..target import DEFAULT_TARGET
-from .base import Drafter
-from .trained import load_trained_drafter
+from ..core.prompts import REPO_ROOT
+from ..core.rounds import Drafter
+from ..core.target import DEFAULT_TARGET
 from .draft_lm import DraftLMDrafter, load_draft_lm
 from .lookup import NgramDrafter, OracleDrafter
+from .trained import load_trained_drafter
 
 DRAFTER_NAMES = ("none", "ngram", "draft-lm", "oracle", "eagle", "dflash", "dspark")
 SHIPPED_DIR = REPO_ROOT / "data" / "drafters" / DEFAULT_TARGET

@@ -14,13 +14,13 @@ import torch
 from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..calibration import Scaling, load_calibration, sampling_key
+from ..core.rounds import Draft, DraftContext
+from ..core.sampling import SamplingConfig, probs_from_logits, sample
+from ..core.target import target_fingerprint, tokenizer_fingerprint
+from ..decode.calibration import Scaling, load_calibration, sampling_key
+from ..models.config import DrafterConfig
 from ..models.eagle import EagleDrafter
 from ..models.parallel import KV, ParallelDrafter, TargetBoundDrafter, concat_kv
-from ..models.config import DrafterConfig
-from ..sampling import SamplingConfig, probs_from_logits, sample
-from ..target import target_fingerprint, tokenizer_fingerprint
-from .base import Draft, DraftContext
 
 
 def check_drafter_target(drafter: TargetBoundDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:

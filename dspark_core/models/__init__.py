@@ -1,8 +1,14 @@
 """Trained drafters: configuration, modelling, losses."""
 
 from .config import DrafterConfig
-from .losses import drafter_loss, expected_tau, l1_distance, position_weights, soft_acceptance
 from .eagle import EagleDrafter
+from .losses import (
+           drafter_loss,
+           expected_tau,
+           l1_distance,
+           position_weights,
+           soft_acceptance,
+)
 from .parallel import ParallelDrafter, TargetBoundDrafter
 
 __all__ = ["DrafterConfig", "EagleDrafter", "ParallelDrafter", "TargetBoundDrafter", "drafter_loss", "expected_tau", "l1_distance", "position_weights",

@@ -28,7 +28,6 @@ from transformers import PreTrainedModel
 
 from .config import DrafterConfig
 
-
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, kv_heads, positions, head_dim]
 
 

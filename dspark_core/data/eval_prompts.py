@@ -26,7 +26,7 @@ from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 
-from .prompts import REPO_ROOT
+from ..core.prompts import REPO_ROOT
 
 PROMPT_DIR = REPO_ROOT / "data" / "prompts"
 SEED = 2026

@@ -22,8 +22,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..core.target import cache_dir, target_fingerprint
 from .distill import DistillData
-from .target import cache_dir, target_fingerprint
 
 
 @dataclass

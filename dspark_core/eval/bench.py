@@ -29,15 +29,16 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .decoding import GenerationResult, autoregressive_generate, speculative_generate
-from .drafters.draft_lm import load_draft_lm
-from .drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter
-from .policies import FixedLength, HardwareAware
-from .profile import CostProfile, measure_profile
-from .prompts import REPO_ROOT, load_prompt_set
-from .provenance import machine_info
-from .sampling import SamplingConfig
-from .target import encode_prompt, eos_token_ids, load_target
+from ..core.prompts import REPO_ROOT, load_prompt_set
+from ..core.provenance import machine_info
+from ..core.rounds import GenerationResult
+from ..core.sampling import SamplingConfig
+from ..core.target import encode_prompt, eos_token_ids, load_target
+from ..decode.loop import autoregressive_generate, speculative_generate
+from ..decode.policies import FixedLength, HardwareAware
+from ..decode.profile import CostProfile, measure_profile
+from ..drafters.draft_lm import load_draft_lm
+from ..drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter
 
 PROMPT_DIR = REPO_ROOT / "data" / "prompts"
 RESULTS_DIR = REPO_ROOT / "data" / "results"

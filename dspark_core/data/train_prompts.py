@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .prompts import REPO_ROOT
+from ..core.prompts import REPO_ROOT
 
 TRAIN_PROMPTS = REPO_ROOT / "data" / "prompts" / "train.jsonl"
 DEFAULT_COUNTS = {"math": 1500, "code": 1500, "chat": 1200, "long-input": 800}
@@ -179,10 +179,10 @@ def _synthetic_notes(rng: random.Random) -> str:
         f"{people[1]} reported that the supplier delayed {rng.randint(2, 9)} shipments because of a strike.",
         f"The team agreed to move the product review to the {rng.randint(2, 28)}th.",
         f"{people[2]} will prepare a budget draft of {rng.randint(10, 90)} thousand dollars for the next quarter.",
-        f"Customers asked for a dark mode and for faster support replies.",
+        "Customers asked for a dark mode and for faster support replies.",
         f"{people[3]} suggested hiring two interns for the summer to help with testing.",
         f"The office in {rng.choice(PLACES)} will close for renovation for {rng.randint(1, 6)} weeks.",
-        f"Everyone must finish the security training before the end of the month.",
+        "Everyone must finish the security training before the end of the month.",
         f"{people[0]} closed the meeting and asked {people[1]} to send the notes by Friday.",
     ]
     rng.shuffle(facts)

@@ -25,15 +25,20 @@ from accelerate import Accelerator
 from safetensors.torch import load_file as load_torch_file
 from safetensors.torch import load_model, save_file, save_model
 from tqdm.auto import tqdm
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
-from .provenance import machine_info
-from .distill import DistillData
-from .features import FeatureCache
-from .models import DrafterConfig, EagleDrafter, ParallelDrafter, drafter_loss
-from .models.losses import LOSS_WEIGHTS, soft_acceptance
-from .models.parallel import TargetBoundDrafter
-from .target import target_fingerprint, tokenizer_fingerprint
+from ..core.provenance import machine_info
+from ..core.target import target_fingerprint, tokenizer_fingerprint
+from ..data.distill import DistillData
+from ..data.features import FeatureCache
+from ..models import DrafterConfig, EagleDrafter, ParallelDrafter, drafter_loss
+from ..models.losses import LOSS_WEIGHTS, soft_acceptance
+from ..models.parallel import TargetBoundDrafter
 
 
 @dataclass

@@ -23,9 +23,9 @@ from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from .provenance import machine_info
-from .prompts import REPO_ROOT, first_turn_messages
-from .target import encode_prompt, eos_token_ids, target_fingerprint
+from ..core.prompts import REPO_ROOT, first_turn_messages
+from ..core.provenance import machine_info
+from ..core.target import encode_prompt, eos_token_ids, target_fingerprint
 
 DISTILL_DIR = REPO_ROOT / "data" / "distill" / "smollm2-135m-instruct"
 

@@ -10,64 +10,15 @@ round is exactly one step of ordinary autoregressive decoding, on the same machi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 from transformers import PreTrainedModel
 
-from .drafters.base import Draft, DraftContext, Drafter
+from ..core.rounds import Draft, DraftContext, Drafter, GenerationResult, RoundRecord
+from ..core.sampling import SamplingConfig, probs_from_logits
+from ..core.session import CausalLMSession
+from ..core.verification import AcceptanceRule, Verdict, verify_chain
 from .policies import FixedLength, VerificationPolicy
-from .sampling import SamplingConfig, probs_from_logits
-from .session import CausalLMSession
-from .verification import AcceptanceRule, Verdict, verify_chain
-
-
-@dataclass
-class RoundRecord:
-    """One draft-verify round: ``proposed`` drafted, ``verified`` sent to the target, ``accepted``
-    of those kept, ``emitted`` tokens committed (accepted + the residual/bonus token, unless cut);
-    ``confidences``: the drafter's per-position confidences of the proposed tokens, if it has them."""
-
-    proposed: int
-    verified: int
-    accepted: int
-    emitted: int
-    draft_time: float
-    verify_time: float
-    confidences: list[float] | None = None
-
-
-@dataclass
-class GenerationResult:
-    """New tokens (prompt excluded) and the per-round records of one generation."""
-
-    prompt_len: int
-    tokens: list[int]
-    rounds: list[RoundRecord] = field(default_factory=list)
-    prefill_time: float = 0.0
-    total_time: float = 0.0
-
-    @property
-    def tau(self) -> float:
-        """Tokens per round, the bonus/residual token included (plain decoding: 1)."""
-        return len(self.tokens) / max(1, len(self.rounds))
-
-    @property
-    def acceptance_rate(self) -> float:
-        """Accepted / verified draft tokens (NaN when nothing was verified)."""
-        verified = sum(r.verified for r in self.rounds)
-        return sum(r.accepted for r in self.rounds) / verified if verified else float("nan")
-
-    @property
-    def tokens_per_second(self) -> float:
-        return len(self.tokens) / self.total_time if self.total_time > 0 else float("nan")
-
-    def position_counts(self, gamma: int) -> tuple[list[int], list[int]]:
-        """For positions k = 1..gamma: rounds that verified position k given 1..k-1 were accepted,
-        and rounds that accepted it. Their ratio is the conditional acceptance at k."""
-        reached = [sum(1 for r in self.rounds if r.verified >= k and r.accepted >= k - 1) for k in range(1, gamma + 1)]
-        accepted = [sum(1 for r in self.rounds if r.accepted >= k) for k in range(1, gamma + 1)]
-        return reached, accepted
 
 
 def verify_round(

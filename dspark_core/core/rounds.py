@@ -1,14 +1,15 @@
-"""The drafter interface: every drafter returns tokens plus the exact distributions they came from."""
+"""The types a decoding round passes around: what a drafter sees and proposes (every drafter returns
+tokens plus the exact distributions they came from), and what a round and a generation record."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from ..sampling import SamplingConfig
+from .sampling import SamplingConfig
 
 
 @dataclass
@@ -66,3 +67,51 @@ class Drafter(Protocol):
     def propose(
         self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft: ...
+
+
+@dataclass
+class RoundRecord:
+    """One draft-verify round: ``proposed`` drafted, ``verified`` sent to the target, ``accepted``
+    of those kept, ``emitted`` tokens committed (accepted + the residual/bonus token, unless cut);
+    ``confidences``: the drafter's per-position confidences of the proposed tokens, if it has them."""
+
+    proposed: int
+    verified: int
+    accepted: int
+    emitted: int
+    draft_time: float
+    verify_time: float
+    confidences: list[float] | None = None
+
+
+@dataclass
+class GenerationResult:
+    """New tokens (prompt excluded) and the per-round records of one generation."""
+
+    prompt_len: int
+    tokens: list[int]
+    rounds: list[RoundRecord] = field(default_factory=list)
+    prefill_time: float = 0.0
+    total_time: float = 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens per round, the bonus/residual token included (plain decoding: 1)."""
+        return len(self.tokens) / max(1, len(self.rounds))
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / verified draft tokens (NaN when nothing was verified)."""
+        verified = sum(r.verified for r in self.rounds)
+        return sum(r.accepted for r in self.rounds) / verified if verified else float("nan")
+
+    @property
+    def tokens_per_second(self) -> float:
+        return len(self.tokens) / self.total_time if self.total_time > 0 else float("nan")
+
+    def position_counts(self, gamma: int) -> tuple[list[int], list[int]]:
+        """For positions k = 1..gamma: rounds that verified position k given 1..k-1 were accepted,
+        and rounds that accepted it. Their ratio is the conditional acceptance at k."""
+        reached = [sum(1 for r in self.rounds if r.verified >= k and r.accepted >= k - 1) for k in range(1, gamma + 1)]
+        accepted = [sum(1 for r in self.rounds if r.accepted >= k) for k in range(1, gamma + 1)]
+        return reached, accepted
