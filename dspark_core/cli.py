@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from .core.prompts import load_prompt_set
 from .core.rounds import GenerationResult
 from .core.sampling import SamplingConfig
 from .core.target import DEFAULT_TARGET, encode_prompt, eos_token_ids, load_target
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 from .decode.loop import autoregressive_generate, speculative_generate
 from .decode.policies import FixedLength
 from .drafters.registry import DRAFTER_NAMES, build_drafter
@@ -124,20 +128,25 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_data(args: argparse.Namespace) -> None:
-    from .data import distill, train_prompts
+    from .data import distill, train_prompts, training_set
 
     if args.action == "prompts":
         records = train_prompts.generate_train_prompts()
-        path = train_prompts.write_prompt_set(records, Path(args.prompts))
-        print(f"wrote {len(records)} training prompts to {path} (python {train_prompts.python_version()})")
+        path = train_prompts.write_prompt_set(records, Path(args.prompts or train_prompts.TRAIN_PROMPTS))
+        print(f"wrote {len(records)} templated training prompts to {path} (python {train_prompts.python_version()})")
         return
-    records = load_prompt_set(args.prompts)[: args.n_prompts]
-    model, tokenizer = load_target(args.model, device=args.device)
+    if args.action == "build":
+        mix = training_set.build_training_set(out_dir=Path(args.prompts).parent if args.prompts else training_set.PROMPT_DIR)
+        print(json.dumps(mix, indent=1))
+        return
+    prompt_file = Path(args.prompts or training_set.DISTILL_PROMPTS)
+    records = load_prompt_set(prompt_file)[: args.n_prompts]
+    model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
     settings = distill.DistillSettings(args.temperature, args.top_p, args.max_new_tokens, args.batch_size, args.seed)
     out_dir = Path(args.out_dir)
     if args.action == "generate":
         distill.generate(model, tokenizer, records, out_dir, settings)
-    path = distill.pack(model, tokenizer, records, Path(args.prompts), out_dir, settings)
+    path = distill.pack(model, tokenizer, records, prompt_file, out_dir, settings)
     print(f"packed {path}")
 
 
@@ -228,14 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     calib.set_defaults(func=cmd_calibrate)
 
     from .data.distill import DISTILL_DIR, DistillSettings
-    from .data.train_prompts import TRAIN_PROMPTS
-
     defaults = DistillSettings()
-    data = sub.add_parser("data", help="training data: write the prompts, self-distil answers, pack them")
-    data.add_argument("action", choices=["prompts", "generate", "pack"],
-                      help="prompts: write the training prompt set; generate: answer it with the target "
-                           "(resumable) and pack; pack: pack what is answered so far")
-    data.add_argument("--prompts", default=str(TRAIN_PROMPTS), help="training prompt set (JSONL)")
+    data = sub.add_parser("data", help="training data: build the prompt sets, self-distil answers, pack them")
+    data.add_argument("action", choices=["prompts", "build", "generate", "pack"],
+                      help="prompts: write the templated math/code/chat prompts (train.jsonl); build: the ShareGPT "
+                           "training mix (distill.jsonl, conversations.json, calibration.jsonl, mix.json); generate: "
+                           "answer distill.jsonl with the target (resumable) and pack; pack: pack what is answered so far")
+    data.add_argument("--prompts", default=None, help="prompt file to write (prompts, build) or answer (generate, pack; "
+                                                      "default data/prompts/distill.jsonl)")
     data.add_argument("--n-prompts", type=int, default=None, help="answer only the first N prompts")
     data.add_argument("--out-dir", default=str(DISTILL_DIR))
     data.add_argument("--model", default=DEFAULT_TARGET)
@@ -244,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     data.add_argument("--batch-size", type=int, default=defaults.batch_size)
     data.add_argument("--seed", type=int, default=defaults.seed)
+    data.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+                      help="the target's dtype while answering (the answers are training text; bfloat16 is faster here)")
     data.add_argument("--device", default="cpu")
     data.set_defaults(func=cmd_data)
 

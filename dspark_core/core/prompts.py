@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SMOKE_PROMPTS = REPO_ROOT / "data" / "prompts" / "smoke.jsonl"
 
 
@@ -15,7 +15,7 @@ def load_prompt_set(path: str | Path = SMOKE_PROMPTS) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"Prompt set {path} does not exist; pass a JSONL file of {{id, domain, turns}} records.")
     records = []
-    for line_no, line in enumerate(path.read_text().splitlines(), start=1):
+    for line_no, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):  # not splitlines: \u2028 is text
         if not line.strip():
             continue
         record = json.loads(line)

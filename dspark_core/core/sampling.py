@@ -52,13 +52,32 @@ def probs_from_logits(logits: torch.Tensor, config: SamplingConfig) -> torch.Ten
         logits = logits.masked_fill(logits < kth, float("-inf"))
     probs = torch.softmax(logits, dim=-1)
     if config.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        drop_sorted = mass_before >= config.top_p  # the first token is always kept
-        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-        probs = probs.masked_fill(drop, 0.0)
+        probs = probs * nucleus(probs, config.top_p)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
+
+
+def nucleus(probs: torch.Tensor, top_p: float, candidates: int = 256) -> torch.Tensor:
+    """Mask ``[..., V]`` of the smallest set of most likely tokens whose mass reaches ``top_p``.
+
+    A token is kept when the mass of the tokens ranked before it is below ``top_p`` (so the most
+    likely token always is). Ranking only the ``candidates`` most likely tokens gives the same set
+    whenever they hold at least ``top_p`` of the mass, which a full sort of the vocabulary (done for
+    the other rows) would cost far more to find.
+    """
+    flat = probs.reshape(-1, probs.shape[-1])
+    keep = torch.zeros_like(flat, dtype=torch.bool)
+    k = min(candidates, flat.shape[-1])
+    values, order = flat.topk(k, dim=-1)
+    inside = values.sum(-1) >= top_p
+    rows = inside.nonzero().squeeze(-1)
+    if rows.numel():
+        keep[rows] = keep[rows].scatter(-1, order[rows], (values[rows].cumsum(-1) - values[rows]) < top_p)
+    rest = (~inside).nonzero().squeeze(-1)
+    if rest.numel():
+        values, order = flat[rest].sort(dim=-1, descending=True)
+        keep[rest] = keep[rest].scatter(-1, order, (values.cumsum(-1) - values) < top_p)
+    return keep.reshape(probs.shape)
 
 
 def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:

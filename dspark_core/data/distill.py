@@ -1,10 +1,16 @@
-"""Self-distillation data: the target answers every training prompt; the answers are the training text.
+"""Self-distillation data: the target answers the training prompts, and its answers are training text.
 
-``dspark data generate`` samples answers in batches (left-padded ``model.generate``), appending each
-finished batch to ``parts.jsonl`` so an interrupted run resumes where it stopped. ``pack`` turns
-everything done so far into ``tokens.safetensors`` (flat int32 token arrays with offsets) and
-``meta.json`` (target fingerprint, sampling settings, prompt-set hash, counts). Only the packed files
-are committed.
+``dspark data generate`` answers every record of ``data/prompts/distill.jsonl`` (see
+:mod:`.training_set`) turn by turn: all first turns, then the second turns with the target's own
+first answers in the context, and so on. Answers are sampled in batches of prompts of similar
+length (:func:`answer_batch`: a pre-allocated KV cache, finished rows dropped as they end, top-p
+over the few hundred most likely tokens), and every finished batch is appended to ``parts.jsonl``,
+so an interrupted run resumes where it stopped (a line torn by a crash is detected and dropped).
+
+``pack`` writes everything answered so far as compact token ids: ``responses-NNN.safetensors``
+chunks (uint16 when the vocabulary fits) and ``meta.json`` (ids, turns, sampling settings, target
+fingerprint, counts). Prompt ids are not stored: :func:`load` rebuilds them from the prompt file and
+the earlier answers with the chat template. Only the packed files are committed.
 
 Recipe (DSpark paper, 3.3): temperature 0.7, top-p 0.8.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,11 +28,19 @@ import numpy as np
 import torch
 from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
-from ..core.prompts import REPO_ROOT, first_turn_messages
+from ..core.jsonl import append_jsonl, read_jsonl
+from ..core.prompts import REPO_ROOT, load_prompt_set
 from ..core.provenance import machine_info
-from ..core.target import encode_prompt, eos_token_ids, target_fingerprint
+from ..core.sampling import SamplingConfig, probs_from_logits, sample
+from ..core.target import (
+    encode_prompt,
+    eos_token_ids,
+    target_fingerprint,
+    tokenizer_fingerprint,
+)
+from .sequences import Sequences
 
 DISTILL_DIR = REPO_ROOT / "data" / "distill" / "smollm2-135m-instruct"
 
@@ -34,53 +49,71 @@ DISTILL_DIR = REPO_ROOT / "data" / "distill" / "smollm2-135m-instruct"
 class DistillSettings:
     temperature: float = 0.7
     top_p: float = 0.8
-    max_new_tokens: int = 192
-    batch_size: int = 32
+    max_new_tokens: int = 256
+    batch_size: int = 128
     seed: int = 0
-
-
-@dataclass
-class DistillData:
-    """Prompts and target-written responses as token ids (prompt ids include the chat template)."""
-
-    ids: list[str]
-    domains: list[str]
-    prompts: list[list[int]]
-    responses: list[list[int]]
-    meta: dict
-
-    def subset(self, count: int, seed: int = 0) -> "DistillData":
-        """A seeded random subset of ``count`` sequences (all domains mixed), in their original order."""
-        if count >= len(self.ids):
-            return self
-        keep = sorted(random.Random(seed).sample(range(len(self.ids)), count))
-        pick = lambda values: [values[i] for i in keep]  # noqa: E731
-        return DistillData(pick(self.ids), pick(self.domains), pick(self.prompts), pick(self.responses), self.meta)
+    chunk_size: int = 1500  # answers per packed file
 
 
 def file_sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
 
 
-def _read_parts(path: Path) -> dict[str, list[int]]:
-    """Responses already written, by prompt id; a torn last line (a crash mid-write) is ignored."""
-    done: dict[str, list[int]] = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            done[record["id"]] = record["response"]
-    return done
+def _select_rows(cache: StaticCache, rows: torch.Tensor) -> None:
+    """Keep only ``rows`` of every layer of a pre-allocated cache."""
+    for layer in cache.layers:
+        layer.keys, layer.values = layer.keys[rows], layer.values[rows]
+
+
+@torch.inference_mode()
+def answer_batch(
+    model: PreTrainedModel,
+    prompts: list[list[int]],
+    settings: DistillSettings,
+    eos: tuple[int, ...],
+    generator: torch.Generator,
+) -> list[list[int]]:
+    """Sample one answer per prompt (ending at an EOS token, kept, or after ``max_new_tokens``).
+
+    The prompts are left-padded into one pre-allocated cache; a row stops costing anything once it
+    has ended (rows are dropped from the cache whenever a quarter of them have finished).
+    """
+    sampling = SamplingConfig(settings.temperature, 0, settings.top_p)
+    width, device = max(len(p) for p in prompts), model.device
+    ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt) :], mask[row, width - len(prompt) :] = torch.tensor(prompt), 1
+    cache = StaticCache(config=model.config, max_cache_len=width + settings.max_new_tokens)
+    positions = (mask.cumsum(1) - 1).clamp_min(0)
+    logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                   cache=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    answers: list[list[int]] = [[] for _ in prompts]
+    live = torch.arange(len(prompts))  # prompt index of each cache row
+    ended = torch.zeros(len(prompts), dtype=torch.bool)  # per cache row
+    next_position = positions[:, -1] + 1
+    for step in range(settings.max_new_tokens):
+        tokens = sample(probs_from_logits(logits, sampling), generator).cpu()
+        for row, (index, token) in enumerate(zip(live.tolist(), tokens.tolist())):
+            if not ended[row]:
+                answers[index].append(token)
+                ended[row] = token in eos
+        if ended.all() or step + 1 == settings.max_new_tokens:
+            break
+        if ended.sum() * 4 >= len(live):
+            keep = (~ended).nonzero().squeeze(-1)
+            _select_rows(cache, keep.to(device))
+            live, tokens, mask, next_position, ended = live[keep], tokens[keep], mask[keep], next_position[keep], ended[keep]
+        mask = torch.cat([mask, torch.ones(len(live), 1, dtype=torch.long)], dim=1)
+        logits = model(input_ids=tokens[:, None].to(device), attention_mask=mask.to(device),
+                       position_ids=next_position[:, None].to(device), cache=cache, use_cache=True).logits[:, -1]
+        next_position = next_position + 1
+    return answers
 
 
 def _batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
-    """Prompt indices in batches, in a fixed order that a resumed run repeats.
-
-    Prompts are shuffled (so a partial run is a random, domain-mixed subset), cut into chunks of
-    16 batches, and sorted by length inside each chunk (so a batch carries little padding).
-    """
+    """Indices in batches, in a fixed order that a resumed run repeats: shuffled (so a partial run is
+    a random, domain-mixed subset), cut into chunks of 16 batches, sorted by length inside each chunk."""
     order = list(range(len(lengths)))
     random.Random(seed).shuffle(order)
     chunk = batch_size * 16
@@ -91,11 +124,26 @@ def _batches(lengths: list[int], batch_size: int, seed: int) -> list[list[int]]:
     return batches
 
 
-def _cut_at_eos(tokens: list[int], eos: tuple[int, ...]) -> list[int]:
-    for i, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: i + 1]
-    return tokens
+def turn_messages(record: dict, turn: int, answers: dict[tuple[str, int], list[int]],
+                  tokenizer: PreTrainedTokenizerBase) -> list[dict[str, str]]:
+    """The chat messages that ask ``record``'s turn ``turn`` (1-based): its earlier user turns, each
+    followed by the target's own answer to it (decoded), then the user turn itself."""
+    messages = []
+    for t in range(1, turn):
+        messages += [{"role": "user", "content": record["turns"][t - 1]},
+                     {"role": "assistant", "content": tokenizer.decode(answers[(record["id"], t)], skip_special_tokens=True)}]
+    return messages + [{"role": "user", "content": record["turns"][turn - 1]}]
+
+
+def _answered(out_dir: Path) -> dict[tuple[str, int], list[int]]:
+    """{(id, turn): answer} from the packed chunks and ``parts.jsonl``."""
+    done = {}
+    if (out_dir / "meta.json").is_file():
+        meta = json.loads((out_dir / "meta.json").read_text())
+        done.update(zip(((i, t) for i, t in zip(meta["ids"], meta["turns"])), _read_chunks(out_dir, meta)))
+    for batch in read_jsonl(out_dir / "parts.jsonl"):  # one line per batch: a batch is saved whole or not at all
+        done.update({(i, batch["turn"]): answer for i, answer in batch["answers"].items()})
+    return done
 
 
 def generate(
@@ -105,46 +153,46 @@ def generate(
     out_dir: Path = DISTILL_DIR,
     settings: DistillSettings = DistillSettings(),
 ) -> Path:
-    """Answer every record's first turn with the target, resuming from ``out_dir/parts.jsonl``."""
+    """Answer every turn of every record with the target, resuming from what ``out_dir`` holds."""
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = out_dir / "parts.jsonl"
-    done = {**_packed_responses(out_dir), **_read_parts(parts)}
-    encoded = [encode_prompt(tokenizer, first_turn_messages(r)).tolist() for r in records]
+    done = _answered(out_dir)
     eos = eos_token_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
-    batches = _batches([len(e) for e in encoded], settings.batch_size, settings.seed)
-    todo = [(b, idx) for b, idx in enumerate(batches) if any(records[i]["id"] not in done for i in idx)]
-    with parts.open("a") as handle, tqdm(total=len(records), initial=len(records) - sum(len(i) for _, i in todo),
-                                         desc="distill", unit="prompt") as bar:
-        for batch_index, indices in todo:
-            width = max(len(encoded[i]) for i in indices)
-            input_ids = torch.full((len(indices), width), pad, dtype=torch.long)
-            attention = torch.zeros_like(input_ids)
-            for row, i in enumerate(indices):
-                input_ids[row, width - len(encoded[i]) :] = torch.tensor(encoded[i])
-                attention[row, width - len(encoded[i]) :] = 1
-            torch.manual_seed(settings.seed * 1_000_003 + batch_index)  # a batch's sample does not depend on resumes
-            with torch.inference_mode():
-                out = model.generate(
-                    input_ids.to(model.device), attention_mask=attention.to(model.device), do_sample=True,
-                    temperature=settings.temperature, top_p=settings.top_p, top_k=0,
-                    max_new_tokens=settings.max_new_tokens, pad_token_id=pad,
-                )
-            lines = [
-                json.dumps({"id": records[i]["id"], "response": _cut_at_eos(out[row, width:].tolist(), eos)})
-                for row, i in enumerate(indices)
-            ]
-            handle.write("\n".join(lines) + "\n")
-            handle.flush()
-            bar.update(len(indices))
+    total = sum(len(r["turns"]) for r in records)
+    bar = tqdm(total=total, initial=sum(1 for r in records for t in range(len(r["turns"])) if (r["id"], t + 1) in done),
+               desc="distill", unit="answer")
+    new_tokens, tic = 0, time.perf_counter()
+    for turn in range(1, max(len(r["turns"]) for r in records) + 1):
+        asked = [r for r in records if len(r["turns"]) >= turn]
+        encoded = [encode_prompt(tokenizer, turn_messages(r, turn, done, tokenizer)).tolist() if (r["id"], turn) not in done
+                   else [] for r in asked]
+        for batch_index, indices in enumerate(_batches([len(e) for e in encoded], settings.batch_size, settings.seed + turn)):
+            todo = [i for i in indices if (asked[i]["id"], turn) not in done]
+            if not todo:
+                continue
+            # the batch's sample depends on its seed and members only, never on where a run was resumed
+            generator = torch.Generator(device=model.device).manual_seed(settings.seed * 1_000_003 + turn * 10_007 + batch_index)
+            answers = answer_batch(model, [encoded[i] for i in todo], settings, eos, generator)
+            batch = {asked[i]["id"]: answer for i, answer in zip(todo, answers)}
+            append_jsonl(parts, [{"turn": turn, "answers": batch}])
+            done.update({(i, turn): answer for i, answer in batch.items()})
+            new_tokens += sum(len(a) for a in answers)
+            bar.update(len(todo))
+            bar.set_postfix(tok_per_s=f"{new_tokens / (time.perf_counter() - tic):.0f}")
+    bar.close()
     return parts
 
 
-def _packed_responses(out_dir: Path) -> dict[str, list[int]]:
-    if not (out_dir / "tokens.safetensors").is_file():
-        return {}
-    data = load(out_dir)
-    return dict(zip(data.ids, data.responses))
+def _read_chunks(out_dir: Path, meta: dict) -> list[list[int]]:
+    answers = []
+    for name in meta["chunks"]:
+        arrays = load_file(str(out_dir / name))
+        tokens, offsets = arrays["tokens"].astype(np.int64), arrays["offsets"]
+        answers += [tokens[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
+    if len(answers) != len(meta["ids"]):
+        raise ValueError(f"{out_dir}: the chunks hold {len(answers)} answers, meta.json lists {len(meta['ids'])}; "
+                         "re-run `dspark data pack`.")
+    return answers
 
 
 def pack(
@@ -155,39 +203,56 @@ def pack(
     out_dir: Path = DISTILL_DIR,
     settings: DistillSettings = DistillSettings(),
 ) -> Path:
-    """Write everything answered so far to ``tokens.safetensors`` + ``meta.json`` (in prompt-file order)."""
-    done = {**_packed_responses(out_dir), **_read_parts(out_dir / "parts.jsonl")}
-    kept = [r for r in records if r["id"] in done]
-    prompts = [encode_prompt(tokenizer, first_turn_messages(r)).tolist() for r in kept]
-    responses = [done[r["id"]] for r in kept]
+    """Write every answered turn (in prompt-file order) as token-id chunks plus ``meta.json``.
 
-    def flat(seqs: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-        offsets = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int64)
-        return np.array([t for s in seqs for t in s], dtype=np.int32), offsets
-
-    prompt_tokens, prompt_offsets = flat(prompts)
-    response_tokens, response_offsets = flat(responses)
-    save_file({"prompt_tokens": prompt_tokens, "prompt_offsets": prompt_offsets,
-               "response_tokens": response_tokens, "response_offsets": response_offsets},
-              str(out_dir / "tokens.safetensors"))
+    A turn is packed only when every earlier turn of its record is, so the packed data always
+    rebuilds its own prompts."""
+    done = _answered(out_dir)
+    keys = []
+    for r in records:
+        for turn in range(1, len(r["turns"]) + 1):
+            if (r["id"], turn) not in done:
+                break
+            keys.append((r["id"], turn, r["domain"]))
+    answers = [done[(i, t)] for i, t, _ in keys]
+    vocab = model.get_output_embeddings().weight.shape[0]
+    dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
+    for old in out_dir.glob("responses-*.safetensors"):
+        old.unlink()
+    chunks = []
+    for c, start in enumerate(range(0, len(answers), settings.chunk_size)):
+        part = answers[start : start + settings.chunk_size]
+        name = f"responses-{c:03d}.safetensors"
+        save_file({"tokens": np.array([t for a in part for t in a], dtype=dtype),
+                   "offsets": np.cumsum([0] + [len(a) for a in part]).astype(np.int64)}, str(out_dir / name))
+        chunks.append(name)
     eos = eos_token_ids(model, tokenizer)
+    domains: dict[str, int] = {}
+    for (_, _, domain), answer in zip(keys, answers):
+        domains[domain] = domains.get(domain, 0) + len(answer)
     meta = {
         "target_fingerprint": target_fingerprint(model, tokenizer),
+        "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
+        "target_dtype": str(model.dtype).removeprefix("torch."),
         "prompt_file": _display_path(prompt_file),
         "prompt_file_sha256": file_sha256(prompt_file),
         "settings": asdict(settings),
-        "n_prompts_total": len(records),
-        "n_answered": len(kept),
-        "complete": len(kept) == len(records),
-        "response_tokens": int(response_tokens.size),
-        "ended_with_eos": int(sum(1 for r in responses if r and r[-1] in eos)),
-        "ids": [r["id"] for r in kept],
-        "domains": [r["domain"] for r in kept],
+        "turns_total": sum(len(r["turns"]) for r in records),
+        "turns_answered": len(keys),
+        "complete": len(keys) == sum(len(r["turns"]) for r in records),
+        "response_tokens": sum(len(a) for a in answers),
+        "response_tokens_by_domain": domains,
+        "ended_with_eos": sum(1 for a in answers if a and a[-1] in eos),
+        "chunks": chunks,
+        "ids": [i for i, _, _ in keys],
+        "turns": [t for _, t, _ in keys],
+        "domains": [d for _, _, d in keys],
         "machine": machine_info(),
         "command": "dspark data generate && dspark data pack",
     }
     (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
-    return out_dir / "tokens.safetensors"
+    (out_dir / "parts.jsonl").unlink(missing_ok=True)  # everything in it is packed now
+    return out_dir / "meta.json"
 
 
 def _display_path(path: Path) -> str:
@@ -196,19 +261,28 @@ def _display_path(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
-def load(out_dir: Path = DISTILL_DIR) -> DistillData:
-    """Read packed distillation data; raises a clear error when it is missing or inconsistent."""
-    tensors_path, meta_path = out_dir / "tokens.safetensors", out_dir / "meta.json"
-    if not tensors_path.is_file() or not meta_path.is_file():
+def load(tokenizer: PreTrainedTokenizerBase, out_dir: Path = DISTILL_DIR) -> Sequences:
+    """Packed answers as training sequences (prompt ids rebuilt with the chat template; the span a
+    drafter learns is the answer). Raises a clear error when the data is missing, inconsistent, or
+    was made with another tokenizer or prompt file."""
+    meta_path = out_dir / "meta.json"
+    if not meta_path.is_file():
         raise FileNotFoundError(f"No distillation data in {out_dir}: run `dspark data generate` then `dspark data pack`.")
-    arrays = load_file(str(tensors_path))
     meta = json.loads(meta_path.read_text())
-
-    def split(tokens: np.ndarray, offsets: np.ndarray) -> list[list[int]]:
-        return [tokens[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
-
-    prompts = split(arrays["prompt_tokens"], arrays["prompt_offsets"])
-    responses = split(arrays["response_tokens"], arrays["response_offsets"])
-    if not len(prompts) == len(responses) == len(meta["ids"]):
-        raise ValueError(f"{out_dir}: token arrays and meta.json disagree on the number of prompts; re-run `dspark data pack`.")
-    return DistillData(meta["ids"], meta["domains"], prompts, responses, meta)
+    if meta["tokenizer_fingerprint"] != tokenizer_fingerprint(tokenizer):
+        raise ValueError(f"{out_dir} was made with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, "
+                         f"this target's is {tokenizer_fingerprint(tokenizer)}); generate data for this target.")
+    prompt_file = REPO_ROOT / meta["prompt_file"] if not Path(meta["prompt_file"]).is_absolute() else Path(meta["prompt_file"])
+    if file_sha256(prompt_file) != meta["prompt_file_sha256"]:
+        raise ValueError(f"{prompt_file} changed since {out_dir} was packed; re-run `dspark data generate`.")
+    records = {r["id"]: r for r in load_prompt_set(prompt_file)}
+    answers = dict(zip(zip(meta["ids"], meta["turns"]), _read_chunks(out_dir, meta)))
+    tokens, spans, names = [], [], []
+    for (record_id, turn), domain in zip(answers, meta["domains"]):
+        prompt = encode_prompt(tokenizer, turn_messages(records[record_id], turn, answers, tokenizer)).numpy()
+        answer = np.asarray(answers[(record_id, turn)], dtype=np.int64)
+        tokens.append(np.concatenate([prompt, answer]).astype(np.int32))
+        spans.append([(len(prompt), len(prompt) + len(answer))])
+        names.append(f"{record_id}#{turn}")
+    return Sequences(names, [f"distill:{d}" for d in meta["domains"]], tokens, spans,
+                     {"distill": {k: v for k, v in meta.items() if k not in ("ids", "turns", "domains")}})

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.target import cache_dir, target_fingerprint
-from .distill import DistillData
+from .sequences import Sequences
 
 
 @dataclass
@@ -47,7 +47,7 @@ class FeatureCache:
         return len(self.prompt_lens)
 
 
-def cache_key(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: DistillData, layers: tuple[int, ...]) -> str:
+def cache_key(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Sequences, layers: tuple[int, ...]) -> str:
     payload = json.dumps({
         "target": target_fingerprint(model, tokenizer),
         "data": hashlib.sha256(json.dumps([data.prompts, data.responses]).encode()).hexdigest(),
@@ -59,7 +59,7 @@ def cache_key(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: 
 def build_feature_cache(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    data: DistillData,
+    data: Sequences,
     layers: tuple[int, ...],
     root: Path | None = None,
     batch_size: int = 8,

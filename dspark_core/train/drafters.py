@@ -34,7 +34,7 @@ from transformers import (
 
 from ..core.provenance import machine_info
 from ..core.target import target_fingerprint, tokenizer_fingerprint
-from ..data.distill import DistillData
+from ..data.sequences import Sequences
 from ..data.features import FeatureCache
 from ..models import DrafterConfig, EagleDrafter, ParallelDrafter, drafter_loss
 from ..models.losses import LOSS_WEIGHTS, soft_acceptance
@@ -88,7 +88,7 @@ def split_indices(n: int, val_fraction: float, seed: int = 0) -> tuple[np.ndarra
     return np.sort(order[n_val:]), np.sort(order[:n_val])
 
 
-def frequent_tokens(data: DistillData, size: int) -> torch.Tensor:
+def frequent_tokens(data: Sequences, size: int) -> torch.Tensor:
     """The ``size`` most frequent response tokens (ties by id): the draft vocabulary, as target ids."""
     counts = Counter(t for r in data.responses for t in r)
     ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
@@ -178,7 +178,7 @@ def held_out_acceptance(drafter: TargetBoundDrafter, cache: FeatureCache, rows: 
 
 
 def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                        data: DistillData) -> TargetBoundDrafter:
+                        data: Sequences) -> TargetBoundDrafter:
     """A fresh drafter sized like one target layer, bound to the target, with its draft vocabulary."""
     tc = model.config
     cls = EagleDrafter if config.drafter == "eagle" else ParallelDrafter
@@ -309,7 +309,7 @@ def save_checkpoint(module: PreTrainedModel, out_dir: Path, dtype: str) -> None:
 
 
 def run_metadata(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 data: DistillData, **extra) -> dict:
+                 data: Sequences, **extra) -> dict:
     """What a run was trained on and with: written as train_meta.json beside the checkpoint."""
     return {
         "config": asdict(config), "target_fingerprint": target_fingerprint(model, tokenizer),
@@ -324,7 +324,7 @@ def train(
     config: TrainConfig,
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
-    data: DistillData,
+    data: Sequences,
     cache: FeatureCache,
     out_dir: Path,
 ) -> TargetBoundDrafter:
@@ -372,7 +372,7 @@ def build_draft_lm(config: TrainConfig, model: PreTrainedModel) -> LlamaForCausa
     return lm
 
 
-def lm_batch(data: DistillData, rows: np.ndarray, max_len: int = 512) -> dict:
+def lm_batch(data: Sequences, rows: np.ndarray, max_len: int = 512) -> dict:
     """Prompt + response token ids, right-padded; the loss covers response tokens only."""
     seqs = [(data.prompts[i] + data.responses[i])[:max_len] for i in rows]
     width = max(len(s) for s in seqs)
@@ -387,7 +387,7 @@ def lm_batch(data: DistillData, rows: np.ndarray, max_len: int = 512) -> dict:
 
 
 def train_draft_lm(
-    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: DistillData, out_dir: Path
+    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, data: Sequences, out_dir: Path
 ) -> LlamaForCausalLM:
     """Distil an independent small draft LM from the target-written answers (CE on response tokens)."""
     out_dir.mkdir(parents=True, exist_ok=True)
