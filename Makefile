@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test bench bench-full bench-scheduled data train-drafters train-ablations train-quick clean-cache
+.PHONY: setup run test bench bench-full bench-scheduled data train-drafters train-ablations train-quick clean-cache soak gpu-results
 
 setup: $(STAMP)
 
@@ -35,6 +35,11 @@ bench-scheduled: setup
 # Tests: exact algebra, statistics, greedy identity on the default target, CLI, notebooks (papermill).
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The engine soak at scale: 2,000 requests of up to 160 + 96 tokens, 16 at a time, under fixed lengths and
+# the hardware-aware scheduler (a few minutes; `make test` runs the 200-request version). Prints its figures.
+soak: setup
+	DSPARK_SOAK=long $(BIN)/python -m pytest -q -s tests/test_soak.py
 
 # Self-distillation data: the target answers data/prompts/train.jsonl (resumable; about 2 h on 2 cores).
 data: setup
@@ -70,6 +75,15 @@ train-ablations: setup
 train-quick: setup
 	$(BIN)/dspark train --drafter dspark --max-sequences 32 --steps 30 --batch-size 4 --blocks-per-seq 4 \
 		--save-every 30 --out /tmp/dspark-quick
+
+# GPU results (notebook 06): target forward latency of random-weight models of the default target's shape,
+# Qwen3-4B and Qwen3-8B (R x n grid, eager and CUDA graphs) and dspark drafter costs (1-5 layers), in bfloat16,
+# into one folder to commit. Runs with the machine's own python (torch + transformers, nothing installed or
+# downloaded) and stops starting new shapes after 6 minutes. CI runs it on the CPU at tiny size.
+GPU_PYTHON ?= python3
+GPU_OUT ?= data/results/gpu/$(shell date +%Y%m%d-%H%M%S)
+gpu-results:
+	$(GPU_PYTHON) -m dspark_core.eval.gpu_results --out $(GPU_OUT)
 
 clean-cache:
 	rm -rf $${DSPARK_CACHE_DIR:-$$HOME/.cache/dspark}

@@ -83,13 +83,28 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> None:
     from .decode.profile import default_profile_path, measure_profile
+    from .decode.shapes import get_shape
+    from .eval.gpu_results import profile_shape, resolve_dtype
 
-    model, _ = load_target(args.model, device=args.device)
-    profile = measure_profile(model, tuple(args.requests), args.max_tokens, args.context, args.repeats)
+    tokens = tuple(args.tokens or range(1, args.max_tokens + 1))
+    command = "dspark " + " ".join(sys.argv[1:])
+    if args.shape:  # a random-weight target of a named shape: no weights needed, timing only
+        (profile,) = profile_shape(get_shape(args.shape), args.device, resolve_dtype(args.dtype, args.device),
+                                   tuple(args.requests), tokens, args.context, args.repeats, (args.mode,),
+                                   tuple(args.draft_layers), args.block, command=command)
+    elif args.draft_layers:
+        raise SystemExit("--draft-layers sizes a drafter from a target shape: pass --shape too (e.g. smollm2-135m).")
+    else:
+        model, _ = load_target(args.model, device=args.device)
+        profile = measure_profile(model, tuple(args.requests), context=args.context, repeats=args.repeats,
+                                  tokens=tokens, mode=args.mode, meta={"command": command, "model": args.model})
     path = profile.save(Path(args.out) if args.out else default_profile_path(args.device))
-    print("target forward steps per second (rows: requests R, columns: new tokens per request n)")
+    print(f"target forward steps per second ({profile.meta['mode']}; rows: requests R, columns: new tokens n = "
+          f"{' '.join(map(str, profile.token_counts()))})")
     for rows, curve in profile.steps.items():
         print(f"R={rows:>3}: " + " ".join(f"{s:7.2f}" for s in curve))
+    for layers, table in (profile.draft or {}).items():
+        print(f"draft ms per round, {layers} layer(s): " + " ".join(f"R={r}:{1000 * s:.2f}" for r, s in table.items()))
     print(f"saved to {path}")
 
 
@@ -212,6 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profile", help="measure target forward steps per second vs batch shape (for the scheduler)")
     prof.add_argument("--requests", type=int, nargs="+", default=[1, 2, 4, 8, 16], help="concurrent requests R")
     prof.add_argument("--max-tokens", type=int, default=16, help="new tokens per request n = 1..N")
+    prof.add_argument("--tokens", type=int, nargs="+", default=None, help="profile these n instead (e.g. 1 2 4 8 16)")
+    prof.add_argument("--shape", default=None, help="time a random-weight target of this shape instead of --model: "
+                      "smollm2-135m (the default target's), qwen3-4b, qwen3-8b, tiny")
+    prof.add_argument("--mode", choices=["eager", "static", "graphs"], default="eager",
+                      help="dynamic cache, static cache, or static cache + CUDA graphs (CUDA only)")
+    prof.add_argument("--dtype", default="auto", help="with --shape: auto (bfloat16 on CUDA, float32 on a CPU), bfloat16, ...")
+    prof.add_argument("--draft-layers", type=int, nargs="*", default=[], help="with --shape: also time dspark drafters this deep")
+    prof.add_argument("--block", type=int, default=7, help="with --draft-layers: tokens drafted per round")
     prof.add_argument("--context", type=int, default=128, help="cached tokens per request")
     prof.add_argument("--repeats", type=int, default=5, help="timed forwards per shape (median)")
     prof.add_argument("--model", default=DEFAULT_TARGET)

@@ -1,50 +1,100 @@
-"""The target's cost profile: forward steps per second vs tokens in the batch, on this machine.
+"""The target's cost profile: forward steps per second vs tokens in the batch, on one machine.
 
-``measure_profile`` times one target forward with R requests x n new tokens each (over a cached
-context of ``context`` tokens per request), for n = 1..max_tokens and R in ``requests``. The
-hardware-aware scheduler reads ``steps_per_second(tokens, requests)`` from it. A profile records
-the machine it was measured on; loading it on another machine is an error unless asked for
-explicitly, so a foreign profile is never used silently.
+``measure_profile`` times one target forward with R requests x n new tokens each over a cached
+context of ``context`` tokens per request, for n in ``tokens`` (default 1..max_tokens) and R in
+``requests``. The hardware-aware scheduler reads ``steps_per_second(tokens, requests)`` from it.
+
+Timing: on a GPU each call is bracketed by CUDA events after ``warmup`` untimed calls and the
+device is synchronised between calls, so host-side launch gaps count as they do in decoding; on a
+CPU ``time.perf_counter``. Three modes, recorded in ``meta["mode"]``:
+
+- ``eager``: a ``DynamicCache`` rolled back after every call (what this repository's loop does);
+- ``static``: a pre-allocated ``StaticCache`` whose write position is reset before every call;
+- ``graphs``: ``static`` with each (R, n) forward captured once in a CUDA graph and replayed (what a
+  serving engine does to remove launch overhead). A graph is used only after its logits match the
+  eager forward's; a cell where capture or that check fails is timed eagerly and listed in
+  ``meta["eager_cells"]`` with the reason.
+
+A profile records the machine it was measured on; loading it on another machine is an error unless
+asked for explicitly, so a foreign profile is never used silently.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
-import statistics
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
+import transformers
 from tqdm.auto import tqdm
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel, StaticCache
 
 from ..core.provenance import machine_info
 from ..core.target import cache_dir
 
 MACHINE_KEYS = ("host", "processor", "cpu_count", "torch", "threads", "cuda")
+MODES = ("eager", "static", "graphs")
+
+
+def _nearest_at_or_above(keys: Sequence[str], requests: int) -> str:
+    """The smallest profiled R at or above ``requests`` (the largest when none is)."""
+    profiled = sorted(int(r) for r in keys)
+    return str(next((r for r in profiled if r >= requests), profiled[-1]))
 
 
 @dataclass
 class CostProfile:
-    """steps_per_second[str(R)][n - 1]: target forwards per second with R requests of n new tokens."""
+    """Latency of a target forward (and, optionally, of a drafter) on one machine.
+
+    steps[str(R)][i]: target forwards per second with R requests of ``tokens[i]`` new tokens each.
+    tokens:  the profiled new-token counts n, increasing; None means 1..len(curve) (older profiles).
+    spread:  spread[str(R)][i], the relative interquartile range of that cell's timed calls (its noise).
+    draft:   draft[str(layers)][str(R)], seconds per round to draft one block for each of R requests with a
+             dspark drafter of that depth (see :mod:`dspark_core.eval.draft_cost`).
+    meta:    how it was measured: target shape, dtype, mode, timer, versions, command.
+    """
 
     machine: dict
     device: str
     context: int
     steps: dict[str, list[float]]
+    tokens: list[int] | None = None
+    spread: dict[str, list[float]] | None = None
+    draft: dict[str, dict[str, float]] | None = None
+    meta: dict = field(default_factory=dict)
+
+    def token_counts(self) -> list[int]:
+        return list(self.tokens) if self.tokens else list(range(1, len(next(iter(self.steps.values()))) + 1))
+
+    def forward_seconds(self, n: int, requests: int) -> float:
+        """Seconds of one forward of ``requests`` rows x ``n`` new tokens (the nearest profiled R at or
+        above ``requests``). Between profiled n the time is interpolated linearly; beyond the longest it
+        grows in proportion to n; below the shortest it is the shortest's."""
+        curve = self.steps[_nearest_at_or_above(list(self.steps), requests)]
+        seconds = [1.0 / s for s in curve]
+        counts = self.token_counts()
+        if n >= counts[-1]:
+            return seconds[-1] * n / counts[-1]
+        return float(np.interp(n, counts, seconds))
 
     def steps_per_second(self, tokens: int, requests: int) -> float:
-        """SPS(B) for B = ``tokens`` spread evenly over ``requests`` rows (the nearest profiled R at
-        or above ``requests``; beyond the longest profiled n, time grows linearly in n)."""
-        profiled = sorted(int(r) for r in self.steps)
-        rows = next((r for r in profiled if r >= requests), profiled[-1])
-        curve = self.steps[str(rows)]
-        n = max(1, math.ceil(tokens / max(1, requests)))
-        if n <= len(curve):
-            return curve[n - 1]
-        return curve[-1] * len(curve) / n
+        """SPS(B) for B = ``tokens`` spread evenly over ``requests`` rows: 1 / forward_seconds(ceil(B / R), R)."""
+        return 1.0 / self.forward_seconds(max(1, math.ceil(tokens / max(1, requests))), requests)
+
+    def draft_seconds(self, layers: int, requests: int) -> float:
+        """Seconds to draft one block for each of ``requests`` requests with a ``layers``-deep dspark drafter."""
+        if not self.draft or str(layers) not in self.draft:
+            have = sorted(self.draft or {}, key=int)
+            raise ValueError(f"This profile has no draft cost for a {layers}-layer drafter (it has {have or 'none'}); "
+                             "measure one with `dspark profile --shape <name> --draft-layers ...`.")
+        table = self.draft[str(layers)]
+        return table[_nearest_at_or_above(list(table), requests)]
 
     def save(self, path: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +119,88 @@ def default_profile_path(device: str = "cpu") -> Path:
     return cache_dir() / "profiles" / f"{info['host']}-{device}-{info['threads']}threads.json"
 
 
+def versions() -> dict[str, str]:
+    """The library versions a measurement depends on."""
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "cuda": torch.version.cuda or "none", "device": machine_info()["cuda"]}
+
+
+def cache_kwarg(model: PreTrainedModel) -> str:
+    """The forward keyword that takes the KV cache: ``cache`` (transformers >= 5.2x) or ``past_key_values``
+    (earlier releases, which silently ignore an unknown ``cache=``)."""
+    return "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+
+
+def time_calls(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1,
+               reset: Callable[[], object] | None = None) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones; ``reset`` runs
+    untimed before every call. CUDA events on a GPU (synchronised after each call), perf_counter on a CPU."""
+    times = []
+    for i in range(warmup + repeats):
+        if reset is not None:
+            reset()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end) / 1000.0
+        else:
+            begin = time.perf_counter()
+            fn()
+            elapsed = time.perf_counter() - begin
+        if i >= warmup:
+            times.append(elapsed)
+    return times
+
+
+def summarize(times: Sequence[float]) -> tuple[float, float]:
+    """(median seconds, relative interquartile range) of timed calls."""
+    median = float(np.median(times))
+    q1, q3 = np.percentile(times, [25, 75])
+    return median, float((q3 - q1) / median) if median > 0 else 0.0
+
+
+def _reset_static(cache: StaticCache, length: int) -> None:
+    """Move every layer's write position of a StaticCache back to ``length`` (in place, on the device)."""
+    for layer in cache.layers:
+        position = getattr(layer, "cumulative_length", None)
+        if not isinstance(position, torch.Tensor):
+            raise RuntimeError("This transformers release keeps no tensor write position in StaticCache layers "
+                               "(cumulative_length); use mode='eager'.")
+        position.fill_(length)
+
+
+def _capture(step: Callable[[], torch.Tensor], reset: Callable[[], None]) -> tuple[Callable[[], None], str]:
+    """Capture ``step`` in a CUDA graph; returns (replay, '') when the replayed logits match an eager
+    call's, else (the eager step, the reason)."""
+    try:
+        reset()
+        expected = step().float()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up on a side stream, as torch.cuda.graphs asks
+            for _ in range(2):
+                reset()
+                step()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        reset()
+        with torch.cuda.graph(graph):
+            out = step()
+        reset()
+        graph.replay()
+        error = float((out.float() - expected).abs().max())
+        scale = float(expected.abs().max())
+        if not error <= 1e-2 * scale + 1e-3:
+            return step, f"graph logits differ from eager by {error:.3g} (scale {scale:.3g})"
+        return graph.replay, ""
+    except Exception as err:  # any capture failure falls back to eager timing, and is recorded
+        return step, f"{type(err).__name__}: {err}"[:300]
+
+
 @torch.inference_mode()
 def measure_profile(
     model: PreTrainedModel,
@@ -76,27 +208,71 @@ def measure_profile(
     max_tokens: int = 16,
     context: int = 128,
     repeats: int = 5,
+    *,
+    tokens: Sequence[int] | None = None,
+    mode: str = "eager",
+    warmup: int = 1,
+    meta: dict | None = None,
 ) -> CostProfile:
-    """Median time of ``repeats`` target forwards for every (R, n); returns steps per second."""
-    device = model.device
+    """Median time of ``repeats`` target forwards for every (R, n), n in ``tokens`` (default
+    1..max_tokens); returns steps per second, each cell's spread and how it was measured."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "graphs" and model.device.type != "cuda":
+        raise ValueError("mode='graphs' needs a CUDA device; use 'eager' or 'static' on a CPU.")
+    counts = sorted(set(tokens or range(1, max_tokens + 1)))
+    if not counts or counts[0] < 1 or not requests or min(requests) < 1:
+        raise ValueError(f"requests and tokens must be positive integers, got {requests} and {counts}")
+    device, key = model.device, cache_kwarg(model)
     steps: dict[str, list[float]] = {}
-    with tqdm(total=len(requests) * max_tokens, desc="profile", unit="shape") as bar:
+    spread: dict[str, list[float]] = {}
+    eager_cells: dict[str, str] = {}
+    with tqdm(total=len(requests) * len(counts), desc=f"profile ({mode})", unit="shape") as bar:
         for rows in requests:
-            cache = DynamicCache(config=model.config)
             ids = torch.randint(100, 1000, (rows, context), generator=torch.Generator().manual_seed(0)).to(device)
-            model(input_ids=ids, cache=cache, use_cache=True)
-            curve = []
-            for n in range(1, max_tokens + 1):
+            if mode == "eager":
+                cache = DynamicCache(config=model.config)
+                model(input_ids=ids, use_cache=True, logits_to_keep=1, **{key: cache})
+            else:
+                cache = StaticCache(config=model.config, max_cache_len=context + counts[-1])
+                positions = torch.arange(context, device=device).expand(rows, -1)
+                model(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **{key: cache})
+            curve, noise = [], []
+            for n in counts:
                 new = torch.randint(100, 1000, (rows, n), generator=torch.Generator().manual_seed(n)).to(device)
-                times = []
-                for _ in range(repeats + 1):  # the first run is a warm-up
-                    start = time.perf_counter()
-                    model(input_ids=new, cache=cache, use_cache=True)
-                    if device.type == "cuda":
-                        torch.cuda.synchronize()
-                    times.append(time.perf_counter() - start)
-                    cache.crop(-n)  # back to the context (transformers crops by a negative count)
-                curve.append(1.0 / statistics.median(times[1:]))
+                if mode == "eager":
+                    def step(new=new, cache=cache):
+                        return model(input_ids=new, use_cache=True, **{key: cache}).logits
+
+                    def reset(cache=cache):
+                        if cache.get_seq_length() > context:
+                            cache.crop(context - cache.get_seq_length())  # transformers crops by a negative count
+                else:
+                    positions = torch.arange(context, context + n, device=device).expand(rows, -1)
+
+                    def step(new=new, positions=positions, cache=cache):
+                        return model(input_ids=new, position_ids=positions, use_cache=True, **{key: cache}).logits
+
+                    def reset(cache=cache):
+                        _reset_static(cache, context)
+                call = step
+                if mode == "graphs":
+                    call, reason = _capture(step, reset)
+                    if reason:
+                        eager_cells[f"{rows}x{n}"] = reason
+                median, relative = summarize(time_calls(call, device, repeats, warmup, reset))
+                curve.append(1.0 / median)
+                noise.append(relative)
+                del call
                 bar.update(1)
-            steps[str(rows)] = curve
-    return CostProfile(machine=machine_info(), device=str(device), context=context, steps=steps)
+            steps[str(rows)], spread[str(rows)] = curve, noise
+            del cache
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    info = {"mode": mode, "timer": "cuda events" if device.type == "cuda" else "perf_counter",
+            "dtype": str(model.dtype).removeprefix("torch."), "repeats": repeats, "warmup": warmup,
+            "versions": versions(), **(meta or {})}
+    if mode == "graphs":
+        info["eager_cells"] = eager_cells
+    return CostProfile(machine=machine_info(), device=str(device), context=context, steps=steps, tokens=counts,
+                       spread=spread, meta=info)
