@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test bench bench-full bench-scheduled data train-drafters train-ablations train-quick clean-cache soak gpu-results
+.PHONY: setup run test bench bench-full bench-scheduled data train-drafters train-ablations train-quick clean-cache gpu-results
 
 setup: $(STAMP)
 
@@ -35,11 +35,6 @@ bench-scheduled: setup
 # Tests: exact algebra, statistics, greedy identity on the default target, CLI, notebooks (papermill).
 test: setup
 	$(BIN)/python -m pytest -q
-
-# The engine soak at scale: 2,000 requests of up to 160 + 96 tokens, 16 at a time, under fixed lengths and
-# the hardware-aware scheduler (a few minutes; `make test` runs the 200-request version). Prints its figures.
-soak: setup
-	DSPARK_SOAK=long $(BIN)/python -m pytest -q -s tests/test_soak.py
 
 # Self-distillation data: the target answers data/prompts/train.jsonl (resumable; about 2 h on 2 cores).
 data: setup
