@@ -1,5 +1,5 @@
 """The round simulator: replaying a real CPU run reproduces its tau exactly and its time within the
-profile's noise; synthetic rounds and toy profiles give the values the algebra says."""
+profile's noise; synthetic rounds, toy profiles and roofline projections give the values the algebra says."""
 
 import numpy as np
 import pytest
@@ -8,6 +8,8 @@ from dspark_core import FixedLength, NgramDrafter, encode_prompt, speculative_ge
 from dspark_core.decode.calibration import Rounds, Scaling
 from dspark_core.decode.policies import HardwareAware, SurvivalThreshold
 from dspark_core.decode.profile import CostProfile, measure_profile
+from dspark_core.decode.roofline import roofline_profile
+from dspark_core.decode.shapes import SHAPES
 from dspark_core.decode.simulate import (
     calibrated,
     conditional_acceptance,
@@ -97,3 +99,16 @@ def test_clear_errors():
         replay(no_confidence, "survival", SurvivalThreshold(2, 0.5), profile, 1, lambda r: 0.0)
     with pytest.raises(ValueError, match="probabilities"):
         rounds_from_acceptance([1.5], 10)
+
+
+def test_a_roofline_profile_is_flat_until_compute_bound():
+    shape = SHAPES["qwen3-4b"]
+    bandwidth, peak = 4.8e12, 989e12
+    profile = roofline_profile(shape, "H200", bandwidth, peak, requests=[1, 64], tokens=[1, 16], context=1024)
+    weights = 2 * shape.parameters / bandwidth  # tied embeddings: every weight read once, in bfloat16
+    assert profile.forward_seconds(1, 1) == pytest.approx(weights + 2 * 1024 * 2 * 36 * 8 * 128 / bandwidth)
+    assert profile.forward_seconds(16, 1) == profile.forward_seconds(1, 1)  # 16 tokens cost what 1 does
+    assert profile.forward_seconds(16, 64) == pytest.approx(2 * shape.parameters * 64 * 16 / peak, rel=0.1)
+    assert 0 < profile.draft_seconds(1, 1) < profile.draft_seconds(5, 1) < profile.forward_seconds(1, 1)
+    rounds = rounds_from_acceptance([0.9] * 7, 64)
+    assert replay(rounds, "fixed-7", FixedLength(7), profile, 64, lambda r: profile.draft_seconds(5, r)).tau > 3
