@@ -79,6 +79,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
     rows = run_bench(settings, out, model, tokenizer)
     print(report(rows))
     print(f"\nrows: {out / 'rows.csv'}  settings: {out / 'settings.json'}")
+    if (out / "skipped.jsonl").is_file():
+        print(f"skipped turns (too long for the context window): {out / 'skipped.jsonl'}")
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
@@ -166,27 +168,46 @@ def cmd_data(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from .data import distill
-    from .data.features import build_feature_cache
+    from .data.features import FeatureSpec, build_feature_store
+    from .data.training_set import training_sequences
     from .train.drafters import TrainConfig, train, train_draft_lm
 
     config = TrainConfig(
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
-        steps=args.steps, batch_size=args.batch_size, blocks_per_seq=args.blocks_per_seq, lr=args.lr,
-        warmup=min(args.warmup, args.steps), val_fraction=args.val_fraction, seed=args.seed,
-        save_every=args.save_every, lm_width=args.lm_width,
+        ce_label=args.ce_label, init_from_target=args.init_from_target, epochs=args.epochs, steps=args.steps,
+        tokens_per_step=args.tokens_per_step, lr=args.lr, warmup=args.warmup, val_fraction=args.val_fraction,
+        seed=args.seed, save_every=args.save_every, lm_width=args.lm_width, bf16=args.bf16,
     )
-    data = distill.load(Path(args.data))
-    if args.max_sequences:
-        data = data.subset(args.max_sequences, args.seed)
-    model, tokenizer = load_target(args.model, device=args.device)
+    model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    sequences = training_sequences(tokenizer, tuple(args.sources.split(",")), args.max_tokens, args.seed)
+    print(f"training text: {len(sequences):,} sequences, {sequences.total_tokens:,} tokens, "
+          f"{sequences.span_tokens:,} in spans; mix {json.dumps(sequences.counts())}")
     if config.drafter == "draft-lm":
-        trained = train_draft_lm(config, model, tokenizer, data, Path(args.out))
+        trained = train_draft_lm(config, model, tokenizer, sequences, Path(args.out))
     else:
-        cache = build_feature_cache(model, tokenizer, data, config.feature_layers)
-        trained = train(config, model, tokenizer, data, cache, Path(args.out))
+        spec = FeatureSpec(layers=config.feature_layers, top_k=args.top_k)
+        store = build_feature_store(model, tokenizer, sequences, spec, max_gb=args.max_gb)
+        trained = train(config, model, tokenizer, store, Path(args.out))
     print(f"saved {config.drafter} ({sum(p.numel() for p in trained.parameters()) / 1e6:.1f}M parameters) to {args.out}")
+
+
+def cmd_heldout(args: argparse.Namespace) -> None:
+    import pandas as pd
+
+    from .eval.heldout import evaluate_folder
+
+    model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    tables = {}
+    for folder in args.drafters:
+        tables[folder] = evaluate_folder(Path(folder), model, tokenizer, args.per_benchmark)
+        print(f"\n{folder} (selection set, teacher-forced on the target's greedy answers):")
+        print(tables[folder].round(3).to_string())
+    if args.out:
+        combined = pd.concat({Path(f).name: t for f, t in tables.items()}, names=["drafter"])
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        combined.to_csv(args.out)
+        print(f"\nwrote {args.out}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -242,6 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", default=None, help="JSON path (default: $DSPARK_CACHE_DIR/profiles/<host>-<device>.json)")
     prof.set_defaults(func=cmd_profile)
 
+    held = sub.add_parser("heldout", help="acceptance of trained drafters on the held-out selection set (no decoding)")
+    held.add_argument("drafters", nargs="+", help="trained drafter folders")
+    held.add_argument("--per-benchmark", type=int, default=24, help="last N records of every evaluation set")
+    held.add_argument("--out", default=None, help="CSV of every drafter's table")
+    held.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="the target's dtype")
+    held.add_argument("--model", default=DEFAULT_TARGET)
+    held.add_argument("--device", default="cpu")
+    held.set_defaults(func=cmd_heldout)
+
     calib = sub.add_parser("calibrate", help="fit Sequential Temperature Scaling for a dspark drafter's confidences")
     calib.add_argument("--drafter-dir", default=None, help="dspark drafter folder (default: the shipped dspark-markov)")
     calib.add_argument("--n-prompts", type=int, default=48, help="held-out training prompts to decode")
@@ -281,30 +311,40 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--device", default="cpu")
     data.set_defaults(func=cmd_data)
 
-    from .train.drafters import TrainConfig
+    from .train.config import CE_LABELS, LOSSES, TrainConfig
 
     tc = TrainConfig()
-    trn = sub.add_parser("train", help="train a drafter (eagle, dflash, dspark, draft-lm) on the self-distillation data")
+    trn = sub.add_parser("train", help="train a drafter (eagle, dflash, dspark, draft-lm) on the training text")
     trn.add_argument("--drafter", choices=["eagle", "dflash", "dspark", "draft-lm"], default=tc.drafter)
     trn.add_argument("--head", choices=["markov", "rnn"], default=tc.head, help="dspark's sequential head")
     trn.add_argument("--layers", type=int, default=tc.layers, help="drafter depth (transformer layers)")
+    trn.add_argument("--init-from-target", action="store_true", help="start the draft layers from the target's top layers")
     trn.add_argument("--lm-width", type=int, default=tc.lm_width, help="hidden size of the draft LM (draft-lm only)")
     trn.add_argument("--block", type=int, default=tc.block, help="gamma: tokens drafted per round")
     trn.add_argument("--feature-layers", type=int, nargs="+", default=list(tc.feature_layers),
                      help="target hidden_states indices fused into the context (0 = embeddings)")
     trn.add_argument("--draft-vocab", type=int, default=tc.draft_vocab, help="reduced draft vocabulary size")
     trn.add_argument("--rank", type=int, default=tc.rank, help="Markov embedding / RNN state width r")
-    trn.add_argument("--loss", choices=["dspark", "ce"], default=tc.loss)
-    trn.add_argument("--steps", type=int, default=tc.steps)
-    trn.add_argument("--batch-size", type=int, default=tc.batch_size, help="sequences per step")
-    trn.add_argument("--blocks-per-seq", type=int, default=tc.blocks_per_seq)
+    trn.add_argument("--loss", choices=list(LOSSES), default=tc.loss,
+                     help="dspark (0.1 CE + 0.9 TV + BCE), ce (DFlash's), eagle3 (soft CE, step weights 0.8^k)")
+    trn.add_argument("--ce-label", choices=list(CE_LABELS), default=tc.ce_label,
+                     help="the CE term's label: the text's next token or the target's argmax")
+    trn.add_argument("--epochs", type=float, default=tc.epochs, help="passes over the training split")
+    trn.add_argument("--steps", type=int, default=tc.steps, help="train exactly this many steps (0: from --epochs)")
+    trn.add_argument("--tokens-per-step", type=int, default=tc.tokens_per_step, help="span tokens per optimizer step")
     trn.add_argument("--lr", type=float, default=tc.lr)
     trn.add_argument("--warmup", type=int, default=tc.warmup)
     trn.add_argument("--val-fraction", type=float, default=tc.val_fraction)
     trn.add_argument("--save-every", type=int, default=tc.save_every)
+    trn.add_argument("--bf16", action="store_true", help="autocast the drafter's training to bfloat16")
     trn.add_argument("--seed", type=int, default=tc.seed)
-    trn.add_argument("--data", default=str(DISTILL_DIR), help="packed self-distillation data folder")
-    trn.add_argument("--max-sequences", type=int, default=None, help="train on a seeded random subset of N sequences")
+    trn.add_argument("--sources", default="fixed,distill",
+                     help="training text: fixed (ShareGPT conversations read by the target), distill (its own answers)")
+    trn.add_argument("--max-tokens", type=int, default=None, help="a seeded random subset of about N tokens")
+    trn.add_argument("--top-k", type=int, default=16, help="target probabilities stored per position")
+    trn.add_argument("--max-gb", type=float, default=20.0, help="disk budget of the feature store")
+    trn.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
+                     help="the target's dtype for the features (bfloat16: twice as fast here, as served in bfloat16)")
     trn.add_argument("--out", required=True, help="run folder: checkpoints, loss.csv, the trained drafter")
     trn.add_argument("--model", default=DEFAULT_TARGET)
     trn.add_argument("--device", default="cpu")

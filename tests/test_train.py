@@ -1,105 +1,140 @@
-"""Training smoke test (the quick recipe): features, a few steps, resume after interruption, serving."""
+"""Training: blocks tile the spans, epochs visit every sequence, the quick recipe trains, resumes exactly
+after an interruption and serves losslessly; every drafter kind, loss recipe and the draft LM train."""
 
 import csv
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from dspark_core import FixedLength, autoregressive_generate, speculative_generate
-from dspark_core.data.distill import load
-from dspark_core.data.features import build_feature_cache
+from dspark_core.data.features import FeatureSpec, build_feature_store
+from dspark_core.data.sequences import Sequences, render_conversation
 from dspark_core.drafters import build_drafter
 from dspark_core.drafters.trained import load_trained_drafter
+from dspark_core.eval.heldout import domain_acceptance
 from dspark_core.train import drafters as train_module
-from dspark_core.train.drafters import TrainConfig, train, train_draft_lm
+from dspark_core.train.config import TrainConfig
+from dspark_core.train.drafters import block_anchors, epoch_steps, planned_steps, train, train_draft_lm
 
-QUICK = dict(drafter="dspark", head="rnn", block=4, draft_vocab=512, rank=16, steps=20, batch_size=4,
-             blocks_per_seq=2, save_every=10, log_every=5, val_fraction=0.25, warmup=5)
+QUICK = dict(drafter="dspark", head="rnn", block=4, draft_vocab=512, rank=16, steps=20, tokens_per_step=60,
+             save_every=10, log_every=5, val_fraction=0.25, warmup=5)
+TOPICS = ["rivers", "bread", "stars", "chess", "rain", "bees", "clocks", "maps"]
 
 
 @pytest.fixture(scope="module")
 def tiny(target, tmp_path_factory):
+    """Eight short conversations (two assistant turns each) and their feature store."""
     model, tokenizer = target
-    data = load().subset(12, seed=0)
-    cache = build_feature_cache(model, tokenizer, data, (2, 15, 28), root=tmp_path_factory.mktemp("features"))
-    return data, cache
+    tokens, spans = [], []
+    for topic in TOPICS:
+        turns = [("user", f"Tell me one fact about {topic}."), ("assistant", f"Here is a fact about {topic}: they are "
+                 f"older than most people think, and many stories are told about {topic}."),
+                 ("user", "And another?"), ("assistant", f"People have studied {topic} for centuries.")]
+        t, s = render_conversation(tokenizer, turns, 512)
+        tokens.append(t)
+        spans.append(s)
+    sequences = Sequences([f"c{i}" for i in range(len(TOPICS))], ["fixed:test"] * len(TOPICS), tokens, spans)
+    store = build_feature_store(model, tokenizer, sequences, FeatureSpec(layers=(2, 15, 28)),
+                                root=tmp_path_factory.mktemp("features"))
+    return sequences, store
 
 
-def test_feature_cache_matches_target_and_is_reused(target, tiny, tmp_path):
-    model, tokenizer = target
-    data, cache = tiny
-    seq = data.prompts[0] + data.responses[0]
-    with torch.no_grad():
-        out = model(input_ids=torch.tensor([seq]), output_hidden_states=True)
-    assert cache.hidden.shape[1:] == (4, 576)
-    assert torch.allclose(torch.tensor(cache.hidden[: len(seq), 1], dtype=torch.float32), out.hidden_states[15][0], atol=2e-2, rtol=1e-2)
-    assert torch.allclose(torch.tensor(cache.lse[: len(seq)]), torch.logsumexp(out.logits[0], -1), atol=1e-3)
-    assert json.loads((cache.folder / "progress.json").read_text())["sequences"] == 12
-    again = build_feature_cache(model, tokenizer, data, (2, 15, 28), root=cache.folder.parent)
-    assert again.folder == cache.folder
-    other = build_feature_cache(model, tokenizer, data, (3, 15, 28), root=tmp_path)
-    assert other.folder.name != cache.folder.name
+def test_block_anchors_tile_every_span():
+    spans = [(10, 30), (40, 45), (50, 52)]  # the last one is too short for a block of 4
+    anchors = block_anchors(spans, 4)
+    covered = {a + k for a in anchors for k in range(1, 5)}
+    assert all(any(s <= a + 1 and a + 4 < e for s, e in spans) for a in anchors), "a block leaves its span"
+    assert set(range(10, 30)) | set(range(40, 45)) <= covered
+    assert not covered & set(range(50, 52))
+
+
+def test_an_epoch_visits_every_training_sequence_once(tiny):
+    sequences, _ = tiny
+    rows = np.arange(len(sequences))
+    config = TrainConfig(tokens_per_step=60)
+    steps = epoch_steps(sequences, rows, config, 0)
+    assert sorted(i for step in steps for i in step) == rows.tolist()
+    assert steps != epoch_steps(sequences, rows, config, 1), "every epoch has its own order"
+    plan = planned_steps(sequences, rows, TrainConfig(tokens_per_step=60, epochs=1.5))
+    assert len(plan) == int(np.ceil(1.5 * len(steps)))
 
 
 def test_quick_recipe_trains_resumes_and_serves(target, tiny, prompts, eos, tmp_path, monkeypatch):
     model, tokenizer = target
-    data, cache = tiny
-    config = TrainConfig(**QUICK)
-    straight = train(config, model, tokenizer, data, cache, tmp_path / "straight")
+    _, store = tiny
+    straight = train(TrainConfig(**QUICK), model, tokenizer, store, tmp_path / "straight")
 
     calls = {"n": 0}
     real = train_module.compute_loss
 
     def interrupted(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 13:  # after the checkpoint at step 10
+        if calls["n"] == 25:  # after the checkpoint at step 10 (two sequences a step)
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "compute_loss", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        train(config, model, tokenizer, data, cache, tmp_path / "resumed")
+        train(TrainConfig(**QUICK), model, tokenizer, store, tmp_path / "resumed")
     monkeypatch.setattr(train_module, "compute_loss", real)
     assert json.loads((tmp_path / "resumed" / "state" / "state.json").read_text())["step"] == 10
-    resumed = train(config, model, tokenizer, data, cache, tmp_path / "resumed")
+    with (tmp_path / "resumed" / "loss.csv").open("a") as log:  # a row logged after the last save, and a torn line
+        log.write("15,1,1,1,1,1,1,1\n16,0.")
+    resumed = train(TrainConfig(**QUICK), model, tokenizer, store, tmp_path / "resumed")
     for name, tensor in straight.state_dict().items():
         assert torch.allclose(tensor, resumed.state_dict()[name], atol=1e-6), name
+    steps = [int(r["step"]) for r in csv.DictReader((tmp_path / "resumed" / "loss.csv").open())]
+    assert steps == [5, 10, 15, 20], "the resumed log repeats or loses rows"
 
-    rows = list(csv.DictReader((tmp_path / "straight" / "loss.csv").open()))
-    assert [int(r["step"]) for r in rows] == [5, 10, 15, 20]
-    assert all(float(r["loss"]) > 0 for r in rows)
     meta = json.loads((tmp_path / "straight" / "train_meta.json").read_text())
-    assert len(meta["held_out_acceptance"]) == 4 and meta["target_fingerprint"]
-    assert meta["data"]["sequences"] == 12
+    assert len(meta["held_out_acceptance"]) == 4 and len(meta["held_out_greedy_acceptance"]) == 4
+    assert meta["train_tokens"] == sum(len(t) for i, t in enumerate(store.sequences.tokens) if i in
+                                       set(train_module.split_indices(8, 0.25)[0].tolist()))
+    assert meta["mix"]["fixed:test"]["sequences"] == 6
 
     drafter = load_trained_drafter(tmp_path / "straight", model, tokenizer)
     plain = autoregressive_generate(model, prompts[0], max_new_tokens=16, eos_token_ids=eos)
     spec = speculative_generate(model, prompts[0], drafter, FixedLength(4), max_new_tokens=16, eos_token_ids=eos)
     assert spec.tokens == plain.tokens
 
+    table = domain_acceptance(drafter.drafter, store)
+    assert list(table.index) == ["fixed:test", "mean"] and 0 <= table.loc["mean", "greedy_a1"] <= 1
 
-@pytest.mark.parametrize("kind", ["eagle", "dflash"])
-def test_other_kinds_train_and_serve(target, tiny, prompts, eos, tmp_path, kind):
+
+@pytest.mark.parametrize("kind,loss", [("eagle", "eagle3"), ("dflash", "ce"), ("dspark", "eagle3")])
+def test_other_kinds_and_recipes_train_and_serve(target, tiny, prompts, eos, tmp_path, kind, loss):
     model, tokenizer = target
-    data, cache = tiny
-    config = TrainConfig(**{**QUICK, "drafter": kind, "steps": 4, "save_every": 4, "log_every": 2})
-    trained = train(config, model, tokenizer, data, cache, tmp_path)
-    assert trained.config.kind == kind and trained.config.head == "none"
+    _, store = tiny
+    config = TrainConfig(**{**QUICK, "drafter": kind, "head": "markov", "loss": loss, "steps": 4, "save_every": 4,
+                            "log_every": 2, "ce_label": "argmax", "init_from_target": kind == "dflash", "bf16": True})
+    trained = train(config, model, tokenizer, store, tmp_path)
+    assert trained.config.kind == kind
     rows = list(csv.DictReader((tmp_path / "loss.csv").open()))
-    assert len(rows) == 2 and all(float(r["tv"]) > 0 for r in rows)
+    assert len(rows) == 2 and all(float(r["tv"]) > 0 and float(r["soft_ce"]) > 0 for r in rows)
     drafter = load_trained_drafter(tmp_path, model, tokenizer)
     plain = autoregressive_generate(model, prompts[1], max_new_tokens=12, eos_token_ids=eos)
     assert speculative_generate(model, prompts[1], drafter, FixedLength(4), max_new_tokens=12,
                                 eos_token_ids=eos).tokens == plain.tokens
 
 
+def test_init_from_target_copies_the_top_layers(target):
+    from dspark_core.train.drafters import build_drafter_model
+
+    model, tokenizer = target
+    drafter = build_drafter_model(TrainConfig(drafter="dflash", layers=2, draft_vocab=64, init_from_target=True),
+                                  model, tokenizer, torch.arange(64))
+    assert torch.equal(drafter.layers[1].q_proj.weight, model.model.layers[-1].self_attn.q_proj.weight.float())
+    assert torch.equal(drafter.layers[0].down_proj.weight, model.model.layers[-2].mlp.down_proj.weight.float())
+
+
 def test_draft_lm_distils_and_drafts(target, tiny, prompts, eos, tmp_path):
     model, tokenizer = target
-    data, _ = tiny
+    sequences, _ = tiny
     config = TrainConfig(**{**QUICK, "drafter": "draft-lm", "layers": 1, "lm_width": 64, "steps": 4,
                             "save_every": 4, "log_every": 2})
-    train_draft_lm(config, model, tokenizer, data, tmp_path)
+    train_draft_lm(config, model, tokenizer, sequences, tmp_path)
     meta = json.loads((tmp_path / "train_meta.json").read_text())
     assert meta["held_out_ce"] > 0
     weights = tmp_path / "model.safetensors"

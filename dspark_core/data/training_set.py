@@ -24,10 +24,13 @@ import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 from ..core.prompts import REPO_ROOT, load_prompt_set
-from . import sharegpt
+from . import distill, sharegpt
 from .eval_prompts import EVAL_SETS
 from .overlap import OverlapIndex, normalise
+from .sequences import Sequences, fixed_conversations
 from .train_prompts import TRAIN_PROMPTS
 
 PROMPT_DIR = REPO_ROOT / "data" / "prompts"
@@ -162,3 +165,26 @@ def load_conversations(path: Path = CONVERSATIONS) -> dict[str, list[sharegpt.Tu
 
 def _write_jsonl(path: Path, records: list[dict]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+SOURCES = ("fixed", "distill")
+
+
+def training_sequences(tokenizer, sources: tuple[str, ...] = SOURCES, max_tokens: int | None = None,
+                       seed: int = 0, max_tokens_per_conversation: int = 1536) -> Sequences:
+    """The training text: fixed-text conversations and/or the packed self-distilled answers, as one
+    :class:`Sequences` in a fixed order; with ``max_tokens``, a seeded random subset of about that many tokens."""
+    unknown = set(sources) - set(SOURCES)
+    if unknown or not sources:
+        raise ValueError(f"sources must be a non-empty subset of {SOURCES}, got {sources}")
+    parts = []
+    if "fixed" in sources:
+        parts.append(fixed_conversations(tokenizer, load_conversations(), max_tokens_per_conversation))
+    if "distill" in sources:
+        parts.append(distill.load(tokenizer))
+    sequences = parts[0] if len(parts) == 1 else parts[0] + parts[1]
+    if max_tokens is not None and max_tokens < sequences.total_tokens:
+        order = np.random.default_rng(seed).permutation(len(sequences))
+        budget = np.cumsum([len(sequences.tokens[i]) for i in order])
+        sequences = sequences.select(sorted(order[: int(np.searchsorted(budget, max_tokens)) + 1].tolist()))
+    return sequences

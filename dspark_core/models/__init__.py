@@ -1,8 +1,9 @@
-"""Trained drafters: configuration, modelling, losses."""
+"""Layer 3, drafter models: configuration, modelling, losses."""
 
 from .config import DrafterConfig
 from .eagle import EagleDrafter
 from .losses import (
+           RECIPES,
            drafter_loss,
            expected_tau,
            l1_distance,
@@ -11,5 +12,5 @@ from .losses import (
 )
 from .parallel import ParallelDrafter, TargetBoundDrafter
 
-__all__ = ["DrafterConfig", "EagleDrafter", "ParallelDrafter", "TargetBoundDrafter", "drafter_loss", "expected_tau", "l1_distance", "position_weights",
-           "soft_acceptance"]
+__all__ = ["DrafterConfig", "EagleDrafter", "ParallelDrafter", "RECIPES", "TargetBoundDrafter", "drafter_loss",
+           "expected_tau", "l1_distance", "position_weights", "soft_acceptance"]

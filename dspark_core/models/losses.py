@@ -1,4 +1,7 @@
-"""DSpark training loss (paper eq. 8-12): 0.1 CE + 0.9 TV + 1.0 BCE-confidence, position-weighted.
+"""Drafter training losses: DSpark's (paper eq. 8-12: 0.1 CE + 0.9 TV + 1.0 BCE-confidence,
+position weights exp(-(k-1)/g)), DFlash's (CE only, same weights) and EAGLE-3's (soft cross-entropy
+against the target's distribution, step weights 0.8^(k-1)); a dspark drafter adds the confidence BCE
+to every recipe.
 
 Shapes: ``[..., g]`` per block position, ``[..., g, Vd]`` over the draft vocabulary. The target's
 distribution ``p_t`` lives on the full vocabulary; restricted to the draft vocabulary it is
@@ -11,11 +14,17 @@ import torch
 import torch.nn.functional as F
 
 LOSS_WEIGHTS = {"ce": 0.1, "tv": 0.9, "conf": 1.0}
+RECIPES = {  # loss name -> (term weights, per-position decay: None for exp(-(k-1)/g), else the base of base^(k-1))
+    "dspark": (LOSS_WEIGHTS, None),
+    "ce": ({"ce": 1.0, "conf": 1.0}, None),
+    "eagle3": ({"soft_ce": 1.0, "conf": 1.0}, 0.8),
+}
 
 
-def position_weights(block_size: int) -> torch.Tensor:
-    """w_k = exp(-(k - 1) / g) for k = 1..g."""
-    return torch.exp(-torch.arange(block_size, dtype=torch.float32) / block_size)
+def position_weights(block_size: int, base: float | None = None) -> torch.Tensor:
+    """w_k = exp(-(k - 1) / g), or base^(k - 1), for k = 1..g."""
+    k = torch.arange(block_size, dtype=torch.float32)
+    return torch.exp(-k / block_size) if base is None else base**k
 
 
 def l1_distance(p_draft: torch.Tensor, p_t_draft: torch.Tensor, p_t_outside: torch.Tensor) -> torch.Tensor:
@@ -34,26 +43,30 @@ def drafter_loss(
     p_t_draft: torch.Tensor,
     p_t_outside: torch.Tensor,
     labels: torch.Tensor,
-    weights: dict[str, float] = LOSS_WEIGHTS,
+    recipe: str = "dspark",
 ) -> dict[str, torch.Tensor]:
-    """Loss terms averaged over blocks, each summed over positions with weights w_k.
+    """Loss terms averaged over blocks, each summed over positions with weights w_k; ``loss`` is the
+    recipe's weighted sum (every term is returned, weighted or not, for the loss curve).
 
     draft_logits: [..., g, Vd]; confidences: [..., g] or None (no confidence head);
     p_t_draft: [..., g, Vd]; p_t_outside: [..., g]; labels: [..., g] draft-vocab index of the
     target-written next token, Vd when it lies outside the draft vocabulary (no CE term then).
     """
+    weights, base = RECIPES[recipe]
     g, vd = draft_logits.shape[-2], draft_logits.shape[-1]
-    w = position_weights(g).to(draft_logits.device)
+    w = position_weights(g, base).to(draft_logits.device)
     log_p = F.log_softmax(draft_logits.float(), dim=-1)
     inside = labels < vd
     ce = -(log_p.gather(-1, labels.clamp(max=vd - 1)[..., None]).squeeze(-1) * inside)
     l1 = l1_distance(log_p.exp(), p_t_draft, p_t_outside)
-    terms = {"ce": ce, "tv": l1}
+    soft_ce = -(p_t_draft * log_p).sum(-1)
+    terms = {"ce": ce, "tv": l1, "soft_ce": soft_ce}
     if confidences is not None:
         label = soft_acceptance(l1.detach()).clamp(0.0, 1.0)
-        terms["conf"] = F.binary_cross_entropy(confidences.float().clamp(1e-6, 1 - 1e-6), label, reduction="none")
+        c = confidences.float().clamp(1e-6, 1 - 1e-6)  # BCE written out: F.binary_cross_entropy refuses autocast
+        terms["conf"] = -(label * c.log() + (1 - label) * (1 - c).log())
     out = {name: (value * w).sum(-1).mean() for name, value in terms.items()}
-    out["loss"] = sum(weights[name] * value for name, value in out.items())
+    out["loss"] = sum(weights.get(name, 0.0) * value for name, value in out.items())
     return out
 
 
@@ -62,4 +75,4 @@ def expected_tau(acceptance: torch.Tensor) -> torch.Tensor:
     return 1.0 + torch.cumprod(acceptance, dim=-1).sum(-1)
 
 
-__all__ = ["LOSS_WEIGHTS", "drafter_loss", "expected_tau", "l1_distance", "position_weights", "soft_acceptance"]
+__all__ = ["LOSS_WEIGHTS", "RECIPES", "drafter_loss", "expected_tau", "l1_distance", "position_weights", "soft_acceptance"]

@@ -56,6 +56,19 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Masked attention with grouped key/value heads, as two matmuls (the masks here are arbitrary,
+    where the CPU flash kernel is slow). q [B, H, N, hd], k / v [B, H_kv, S, hd], mask [B, N, S]
+    (True = may attend; every query sees at least one key). Returns [B, N, H * hd]."""
+    batch, heads, n, hd = q.shape
+    kv_heads = k.shape[1]
+    q = q.reshape(batch, kv_heads, heads // kv_heads * n, hd)  # query heads grouped by their key/value head
+    scores = (q @ k.transpose(-1, -2)).float().view(batch, kv_heads, heads // kv_heads, n, -1) * hd**-0.5
+    probs = scores.masked_fill(~mask[:, None, None], float("-inf")).softmax(-1).to(v.dtype)
+    out = probs.view(batch, kv_heads, -1, k.shape[2]) @ v  # [B, H_kv, G * N, hd]
+    return out.view(batch, heads, n, hd).transpose(1, 2).reshape(batch, n, heads * hd)
+
+
 class DraftLayer(nn.Module):
     """Pre-norm transformer layer whose keys and values also cover the injected target context."""
 
@@ -92,11 +105,9 @@ class DraftLayer(nn.Module):
         q = rotate(self._split(self.q_proj(h), self.heads), pos, self.theta)
         own_k = rotate(self._split(self.k_proj(h), self.kv_heads), pos, self.theta)
         own_v = self._split(self.v_proj(h), self.kv_heads)
-        groups = self.heads // self.kv_heads
-        k = torch.cat([ctx_kv[0], own_k], dim=2).repeat_interleave(groups, dim=1)
-        v = torch.cat([ctx_kv[1], own_v], dim=2).repeat_interleave(groups, dim=1)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
-        x = x + self.o_proj(attn.transpose(1, 2).reshape(x.shape[0], x.shape[1], -1))
+        k = torch.cat([ctx_kv[0], own_k], dim=2)
+        v = torch.cat([ctx_kv[1], own_v], dim=2)
+        x = x + self.o_proj(grouped_attention(q, k, v, mask))
         h = self.mlp_norm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), (own_k, own_v)
 
@@ -138,9 +149,9 @@ class TargetBoundDrafter(PreTrainedModel):
             )
         to_draft = torch.full((vocab,), self.config.draft_vocab_size, dtype=torch.long, device=embedding.device)
         to_draft[self.draft_token_ids] = torch.arange(self.config.draft_vocab_size, device=embedding.device)
-        self._target = {
-            "embedding": embedding.detach(),
-            "head": lm_head.detach()[self.draft_token_ids],  # [Vd, d]
+        self._target = {  # in the drafter's own dtype (a bfloat16 target may serve a float32 drafter)
+            "embedding": embedding.detach().to(self.dtype),
+            "head": lm_head.detach()[self.draft_token_ids].to(self.dtype),  # [Vd, d]
             "to_draft": to_draft,
         }
 

@@ -1,0 +1,86 @@
+"""Held-out acceptance on the evaluation sets: how a recipe is chosen without decoding.
+
+The *selection set* is the last ``per_benchmark`` records of every evaluation set (the benchmark
+runs use the first ones, so the prompts a recipe is chosen on are not the prompts it is reported
+on), answered greedily by the target. With teacher forcing on the target's own greedy answer, a
+drafter's block after anchor a sees exactly what decoding shows it when the round's earlier
+positions were accepted, so the share of blocks whose draft argmax equals the target's argmax at
+position k, among those where positions 1..k-1 did, is the conditional greedy acceptance decoding
+would measure at k (over every anchor rather than only round starts). The analytic acceptance at
+temperature 1 (1 - ||p_d - p_t||_1 / 2) comes with it. Both are per domain.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..core.prompts import load_prompt_set
+from ..core.target import cache_dir, encode_prompt, eos_token_ids, target_fingerprint
+from ..data.distill import DistillSettings, answer_batch
+from ..data.eval_prompts import EVAL_SETS, PROMPT_DIR
+from ..data.features import FeatureSpec, FeatureStore, build_feature_store
+from ..data.sequences import Sequences
+from ..drafters.trained import load_trained_drafter
+from ..models.losses import expected_tau
+from ..models.parallel import TargetBoundDrafter
+from ..train.drafters import held_out_acceptance
+
+
+def selection_set(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, per_benchmark: int = 24,
+                  max_new_tokens: int = 128) -> Sequences:
+    """The last ``per_benchmark`` first turns of every evaluation set with the target's greedy answers
+    (cached per target and dtype in ``$DSPARK_CACHE_DIR/selection``); the span is the answer."""
+    key = f"{target_fingerprint(model, tokenizer)}-{str(model.dtype).removeprefix('torch.')}-{per_benchmark}-{max_new_tokens}"
+    path = cache_dir() / "selection" / f"{key}.json"
+    if not path.is_file():
+        records = [r for name in EVAL_SETS for r in load_prompt_set(PROMPT_DIR / name)[-per_benchmark:]]
+        prompts = [encode_prompt(tokenizer, r["turns"][0]).tolist() for r in records]
+        settings = DistillSettings(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens)
+        eos, answers = eos_token_ids(model, tokenizer), []
+        for start in range(0, len(prompts), 32):
+            answers += answer_batch(model, prompts[start : start + 32], settings, eos, torch.Generator())
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps([{"id": r["id"], "domain": r["domain"], "prompt": p, "answer": a}
+                                    for r, p, a in zip(records, prompts, answers)]))
+    rows = json.loads(path.read_text())
+    return Sequences([r["id"] for r in rows], [r["domain"] for r in rows],
+                     [np.asarray(r["prompt"] + r["answer"], dtype=np.int32) for r in rows],
+                     [[(len(r["prompt"]), len(r["prompt"]) + len(r["answer"]))] for r in rows], {"selection_set": key})
+
+
+def selection_store(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, layers: tuple[int, ...],
+                    per_benchmark: int = 24) -> FeatureStore:
+    return build_feature_store(model, tokenizer, selection_set(model, tokenizer, per_benchmark), FeatureSpec(layers=layers))
+
+
+@torch.no_grad()
+def domain_acceptance(drafter: TargetBoundDrafter, store: FeatureStore) -> pd.DataFrame:
+    """One row per domain (and ``mean``, the mean over domains): greedy conditional acceptance a1..ag,
+    expected tau from them, and the same at temperature 1 (analytic)."""
+    g, rows = drafter.config.block_size, []
+    sources = np.asarray(store.sequences.sources)
+    for domain in sorted(set(sources)):
+        measured = held_out_acceptance(drafter, store, np.flatnonzero(sources == domain), g)
+        row = {"domain": domain}
+        for kind in ("greedy", "sampled"):
+            acceptance = torch.tensor(measured[kind])
+            row.update({f"{kind}_a{k + 1}": float(a) for k, a in enumerate(acceptance)})
+            row[f"{kind}_tau"] = float(expected_tau(acceptance))
+        rows.append(row)
+    table = pd.DataFrame(rows).set_index("domain")
+    table.loc["mean"] = table.mean()
+    return table
+
+
+def evaluate_folder(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, per_benchmark: int = 24) -> pd.DataFrame:
+    """Load a trained drafter folder, measure it on the selection set, and save ``selection.csv`` beside it."""
+    served = load_trained_drafter(folder, model, tokenizer)
+    table = domain_acceptance(served.drafter, selection_store(model, tokenizer, tuple(served.feature_layers), per_benchmark))
+    table.to_csv(Path(folder) / "selection.csv")
+    return table

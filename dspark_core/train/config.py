@@ -1,0 +1,67 @@
+"""One training experiment's settings (saved into ``train_meta.json``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+LOSSES = ("dspark", "ce", "eagle3")
+CE_LABELS = ("text", "argmax")
+
+
+@dataclass
+class TrainConfig:
+    """``drafter`` is eagle / dflash / dspark (on the feature store) or draft-lm (an independent small
+    causal LM of ``layers`` layers and width ``lm_width``).
+
+    loss: ``dspark`` (0.1 CE + 0.9 TV + 1.0 BCE, position weights exp(-(k-1)/g)), ``ce`` (DFlash's:
+    CE, + BCE for dspark, same weights) or ``eagle3`` (EAGLE-3's: soft CE against the target's
+    distribution, step weights 0.8^(k-1)); the draft LM always uses CE.
+    ce_label: the CE term's label, ``text`` (the next token of the training text) or ``argmax`` (the
+    target's most likely next token; on fixed text it differs from the text).
+    init_from_target: start each draft layer from the target's top layers (the last ``layers``
+    decoder layers) instead of random weights.
+    epochs: passes over the training split; a step takes sequences until ``tokens_per_step`` span
+    tokens are in it, and every span token is a block target once per epoch. ``steps`` > 0 overrides
+    the count (quick runs). bf16: autocast the drafter's forward and backward to bfloat16.
+    """
+
+    drafter: str = "dspark"
+    head: str = "markov"
+    layers: int = 1
+    block: int = 7
+    feature_layers: tuple[int, ...] = (2, 15, 28)
+    draft_vocab: int = 8192
+    rank: int = 256
+    loss: str = "dspark"
+    ce_label: str = "text"
+    init_from_target: bool = False
+    epochs: float = 1.0
+    steps: int = 0
+    tokens_per_step: int = 4096
+    max_blocks: int = 256
+    lr: float = 6e-4
+    warmup: int = 50
+    val_fraction: float = 0.02
+    log_every: int = 20
+    save_every: int = 200
+    seed: int = 0
+    lm_width: int = 256
+    bf16: bool = False
+    save_dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got {self.loss!r}")
+        if self.ce_label not in CE_LABELS:
+            raise ValueError(f"ce_label must be one of {CE_LABELS}, got {self.ce_label!r}")
+        if self.drafter not in ("eagle", "dflash", "dspark", "draft-lm"):
+            raise ValueError(f"drafter must be eagle, dflash, dspark or draft-lm, got {self.drafter!r}")
+        if self.drafter != "dspark":
+            self.head = "none"
+        for name in ("layers", "block", "tokens_per_step", "max_blocks", "draft_vocab"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.steps < 0 or self.epochs <= 0:
+            raise ValueError(f"epochs must be > 0 and steps >= 0 (0: from epochs), got {self.epochs}, {self.steps}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
