@@ -6,9 +6,6 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
-from tokenizers import Tokenizer
-from tokenizers.models import WordLevel
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from dspark_core import (
     DraftContext,
@@ -16,45 +13,22 @@ from dspark_core import (
     SamplingConfig,
     autoregressive_generate,
     speculative_generate,
-    verification,
 )
 from dspark_core.cli import main
-from dspark_core.core.target import target_fingerprint, tokenizer_fingerprint
+from dspark_core.core import verification
 from dspark_core.drafters.trained import (
     BlockDrafter,
     EagleServing,
     load_trained_drafter,
 )
 from dspark_core.models import (
-    DrafterConfig,
-    EagleDrafter,
-    ParallelDrafter,
-    TargetBoundDrafter,
     drafter_loss,
     l1_distance,
     position_weights,
     soft_acceptance,
 )
 
-HEADS = {"eagle": "none", "dflash": "none", "dspark-markov": "markov", "dspark-rnn": "rnn"}
-
-
-def drafter_for(model, tokenizer, name: str, **overrides) -> TargetBoundDrafter:
-    torch.manual_seed(0)
-    cfg = model.config
-    settings = dict(
-        kind=name.split("-")[0], head=HEADS[name], block_size=5, draft_vocab_size=1024,
-        hidden_size=cfg.hidden_size, target_hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
-        num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.hidden_size // cfg.num_attention_heads,
-        intermediate_size=2 * cfg.hidden_size, target_vocab_size=cfg.vocab_size, rank=16,
-        feature_layers=(1, cfg.num_hidden_layers // 2, cfg.num_hidden_layers),
-        tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), target_fingerprint=target_fingerprint(model, tokenizer),
-    )
-    settings.update(overrides)
-    drafter = (EagleDrafter if name == "eagle" else ParallelDrafter)(DrafterConfig(**settings))
-    if drafter.config.kind == "dspark":
-        torch.nn.init.normal_(drafter.w2.weight, std=0.5)  # make the sequential head matter
-    return drafter
+from .tiny import HEADS, drafter_for, tiny_target
 
 
 @pytest.mark.parametrize("name", HEADS)
@@ -70,18 +44,6 @@ def test_untrained_drafter_is_lossless_greedy(target, prompts, eos, name):
         for r in result.rounds:  # a full block each round, cut only where the token budget ends
             assert r.proposed == min(5, 24 - emitted - 1)
             emitted += r.emitted
-
-
-def tiny_target():
-    torch.manual_seed(1)
-    vocab = {f"t{i}": i for i in range(16)}
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")))
-    config = LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(6.0)  # spread over most of the 16 tokens, far from the draft
-    return model, tokenizer
 
 
 def test_dspark_first_token_distribution_matches_target_at_temperature_1(monkeypatch):
