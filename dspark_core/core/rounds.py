@@ -58,7 +58,10 @@ class Draft:
 
 
 class Drafter(Protocol):
-    """Proposes draft tokens. Drafters may keep per-sequence state; ``reset`` starts a new sequence."""
+    """Proposes draft tokens. Drafters may keep per-sequence state; ``reset`` starts a new sequence.
+
+    A drafter that drafts at most a fixed number of tokens a round (a trained block) also has a
+    ``block_size`` attribute; a policy with a larger gamma is then refused (``core.limits.check_block``)."""
 
     feature_layers: tuple[int, ...]
 

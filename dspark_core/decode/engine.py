@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from ..core.limits import check_block, check_context
 from ..core.rounds import Draft, DraftContext, Drafter, GenerationResult
 from ..core.sampling import SamplingConfig
 from .loop import commit_round, verify_round
@@ -163,13 +164,16 @@ class BatchedEngine:
         self.budgets: list[int] = []  # verified draft tokens per request, one entry per request-round
 
     def submit(self, prompt_ids: torch.Tensor | list[int], max_new_tokens: int) -> Request:
+        """Queue a request; raises (nothing queued) when it cannot be served: see :mod:`dspark_core.core.limits`."""
         prompt = torch.as_tensor(prompt_ids).reshape(-1).tolist()
         if len(prompt) < 2:
             raise ValueError("The engine needs prompts of at least 2 tokens (use the chat template).")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        check_context(self.model, len(prompt), max_new_tokens)
         rid = len(self.waiting) + len(self.active) + len(self.finished)
         drafter = self.make_drafter() if self.make_drafter else None
+        check_block(drafter, self.policy.max_draft)
         request = Request(rid, prompt, max_new_tokens, drafter, torch.Generator().manual_seed(self.seed + rid),
                           tokens=list(prompt), result=GenerationResult(prompt_len=len(prompt), tokens=[]))
         if drafter is not None:

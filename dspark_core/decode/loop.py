@@ -14,6 +14,7 @@ import time
 import torch
 from transformers import PreTrainedModel
 
+from ..core.limits import check_block, check_context
 from ..core.rounds import Draft, DraftContext, Drafter, GenerationResult, RoundRecord
 from ..core.sampling import SamplingConfig, probs_from_logits
 from ..core.session import CausalLMSession
@@ -65,7 +66,9 @@ def speculative_generate(
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (1-D, non-empty).
 
     ``drafter=None`` (or a policy of length 0) is plain autoregressive decoding. The result is
-    seeded: the same arguments give the same tokens. Stops after an EOS token.
+    seeded: the same arguments give the same tokens. Stops after an EOS token. Raises before any
+    forward when prompt + ``max_new_tokens`` exceeds the target's context window, or the policy's
+    gamma exceeds a trained drafter's block (see :mod:`dspark_core.core.limits`).
     """
     prompt = torch.as_tensor(prompt_ids).reshape(-1).tolist()
     if not prompt:
@@ -74,7 +77,9 @@ def speculative_generate(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if drafter is not None and policy is None:
         raise ValueError("Pass a verification policy with the drafter, e.g. FixedLength(gamma=5).")
+    check_context(model, len(prompt), max_new_tokens)
     policy = policy or FixedLength(0)
+    check_block(drafter, policy.max_draft)
     feature_layers = drafter.feature_layers if drafter is not None else ()
     vocab_size = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator(device=model.device).manual_seed(seed)

@@ -80,6 +80,11 @@ class _ServedDrafter:
         self.feature_layers = tuple(drafter.config.feature_layers)
         self.reset()
 
+    @property
+    def block_size(self) -> int:
+        """The most tokens it drafts a round (its trained block): a larger gamma is refused."""
+        return self.drafter.config.block_size
+
     def reset(self) -> None:
         self.kv: KV | None = None
         self.ctx_len = 0
@@ -101,7 +106,7 @@ class _ServedDrafter:
         if self.ctx_len != len(context.tokens) - 1 or self.kv is None:
             raise RuntimeError(f"drafter context holds {self.ctx_len} tokens, expected {len(context.tokens) - 1}: "
                                "call reset() before a new sequence and pass every round's new_features")
-        length = min(max_tokens, self.drafter.config.block_size)
+        length = min(max_tokens, self.block_size)
         if length < 1:
             return Draft.empty(context.vocab_size)
         return self._draft(length, sampling, generator, context)

@@ -4,8 +4,9 @@ For every temperature and every prompt turn, plain decoding runs first and then 
 each ratio compares runs made seconds apart on the same machine state. Rows go to
 ``<out>/rows.csv`` as soon as a prompt's methods are all measured, with the settings and machine
 in ``<out>/settings.json``; re-running the same command skips what is already there, so an
-interrupted run loses nothing. Speedup is the median over prompts of the per-prompt throughput
-ratio ``(method tok/s) / (plain tok/s)``.
+interrupted run loses nothing. A turn whose prompt plus ``max_new_tokens`` does not fit the
+target's context window is not measured: it goes to ``<out>/skipped.jsonl`` with the reason.
+Speedup is the median over prompts of the per-prompt throughput ratio ``(method tok/s) / (plain tok/s)``.
 
 Methods are ours (``ngram``, ``oracle``, ``draft-lm``, ``eagle``, ``dflash``, ``dspark-markov``,
 ``dspark-rnn``: :func:`speculative_generate`, at fixed block lengths or, for dspark drafters, under
@@ -29,6 +30,8 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..core.jsonl import append_jsonl, read_jsonl
+from ..core.limits import check_block, context_overflow
 from ..core.prompts import REPO_ROOT, load_prompt_set
 from ..core.provenance import machine_info
 from ..core.rounds import GenerationResult
@@ -44,6 +47,7 @@ PROMPT_DIR = REPO_ROOT / "data" / "prompts"
 RESULTS_DIR = REPO_ROOT / "data" / "results"
 BENCHMARKS = ("math", "humaneval", "chat", "long_input", "format")
 PEERS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
+KEY = ("temperature", "benchmark", "prompt_id", "turn")  # one measured turn: its rows are written together
 OURS = ("ngram", "oracle", "draft-lm", "eagle", "dflash", "dspark", *SHIPPED_DRAFTERS)
 
 
@@ -195,6 +199,18 @@ class _Runner:
     profile: CostProfile | None = None
     built: dict = field(default_factory=dict)
 
+    def drafter(self, method: Method):
+        """The drafter of one of our methods other than the oracle, built once."""
+        if method not in self.built:
+            self.built[method] = build_drafter(method.drafter, self.model, self.tokenizer, draft_model=method.checkpoint)
+        return self.built[method]
+
+    def check_blocks(self, methods: list[Method]) -> None:
+        """Build every drafter now and refuse a gamma beyond its trained block, before the run folder is touched."""
+        for method in methods:
+            if method.name not in PEERS and method.name != "oracle":
+                check_block(self.drafter(method), method.gamma)
+
     def run(self, method: Method, prompt: torch.Tensor, plain: GenerationResult | None, **kwargs) -> GenerationResult:
         if method.name in PEERS:
             peer = self.built.get(method)
@@ -209,10 +225,7 @@ class _Runner:
         if method.name == "oracle":
             drafter = build_drafter("oracle", self.model, self.tokenizer, reference=plain.tokens)
         else:
-            drafter = self.built.get(method)
-            if drafter is None:
-                drafter = self.built[method] = build_drafter(method.drafter, self.model, self.tokenizer,
-                                                             draft_model=method.checkpoint)
+            drafter = self.drafter(method)
         policy = HardwareAware(method.gamma, self.profile.steps_per_second) if method.scheduled else FixedLength(method.gamma)
         return speculative_generate(self.model, prompt, drafter, policy, **kwargs)
 
@@ -247,7 +260,7 @@ def _row(key: dict, method: Method, result: GenerationResult, plain: GenerationR
 
 
 def _prepare_out_dir(out_dir: Path, settings: BenchSettings) -> set[tuple]:
-    """Check a resumed run has the same settings; return the (temperature, benchmark, prompt, turn) done."""
+    """Check a resumed run has the same settings; return the turns (:data:`KEY`) measured or skipped already."""
     out_dir.mkdir(parents=True, exist_ok=True)
     settings_file, rows_file = out_dir / "settings.json", out_dir / "rows.csv"
     wanted = asdict(settings)
@@ -259,10 +272,11 @@ def _prepare_out_dir(out_dir: Path, settings: BenchSettings) -> set[tuple]:
     else:
         settings_file.write_text(json.dumps({"settings": wanted, "machine": machine_info(),
                                              "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
+    skipped = {tuple(row[k] for k in KEY) for row in read_jsonl(out_dir / "skipped.jsonl")}
     if not rows_file.is_file():
-        return set()
-    done = pd.read_csv(rows_file, usecols=["temperature", "benchmark", "prompt_id", "turn"])
-    return set(done.itertuples(index=False, name=None))
+        return skipped
+    done = pd.read_csv(rows_file, usecols=list(KEY))[list(KEY)]
+    return set(done.itertuples(index=False, name=None)) | skipped
 
 
 def _cost_profile(out_dir: Path, model: PreTrainedModel, methods: list[Method]) -> CostProfile | None:
@@ -288,19 +302,23 @@ def run_bench(
 
     Turn t > 1 of a record is asked after the plain greedy answer of the turns before it (the same
     history for every method). With temperature 0, ``same_as_plain`` records whether a method's
-    tokens equal plain decoding's.
+    tokens equal plain decoding's. A turn that does not fit the target's context window is recorded
+    in ``skipped.jsonl`` (key and reason) instead; a gamma beyond a drafter's block is an error
+    raised before anything is written.
     """
-    done = _prepare_out_dir(out_dir, settings)
     methods = parse_methods(settings.methods)
     if model is None or tokenizer is None:
         model, tokenizer = load_target(settings.model)
     eos = eos_token_ids(model, tokenizer)
-    runner = _Runner(model, tokenizer, _cost_profile(out_dir, model, methods))
+    runner = _Runner(model, tokenizer)
+    runner.check_blocks(methods)
+    done = _prepare_out_dir(out_dir, settings)
+    runner.profile = _cost_profile(out_dir, model, methods)
     items = [(name, record) for name in settings.benchmarks
              for record in load_prompt_set(benchmark_path(name))[: settings.n_prompts]]
     jobs = [(t, name, record, turn) for t in settings.temperatures for name, record in items
             for turn in range(1, len(record["turns"]) + 1)]
-    rows_file = out_dir / "rows.csv"
+    rows_file, skipped_file = out_dir / "rows.csv", out_dir / "skipped.jsonl"
     warm_up = dict(max_new_tokens=16, seed=settings.seed, eos_token_ids=eos)
     for temperature in settings.temperatures:  # untimed: loads every drafter and warms every code path
         sampling = SamplingConfig(temperature, settings.top_k, settings.top_p)
@@ -313,18 +331,28 @@ def run_bench(
     with tqdm(jobs, desc="bench", unit="turn") as bar:
         for temperature, name, record, turn in bar:
             sampling = SamplingConfig(temperature, settings.top_k, settings.top_p)
-            messages = history.get((record["id"], turn), []) + [{"role": "user", "content": record["turns"][turn - 1]}]
-            if turn < len(record["turns"]) and (record["id"], turn + 1) not in history:  # once, for every temperature
-                answer = autoregressive_generate(model, encode_prompt(tokenizer, messages), **greedy_kwargs).tokens
-                history[(record["id"], turn + 1)] = messages + [
-                    {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
-            if (temperature, name, record["id"], turn) in done:
-                continue
-            prompt = encode_prompt(tokenizer, messages)
-            kwargs = dict(sampling=sampling, max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                          eos_token_ids=eos)
             key = {"temperature": temperature, "benchmark": name, "domain": record["domain"],
                    "prompt_id": record["id"], "turn": turn}
+            turn_key = tuple(key[k] for k in KEY)
+            if turn > 1 and (record["id"], turn) not in history:  # its history holds a turn that was skipped
+                reason = f"turn {turn - 1} of this record did not fit the context window, and this turn includes it"
+            else:
+                messages = history.get((record["id"], turn), []) + [{"role": "user", "content": record["turns"][turn - 1]}]
+                prompt = encode_prompt(tokenizer, messages)
+                reason = context_overflow(model, len(prompt), settings.max_new_tokens)
+            if reason is not None:
+                if turn_key not in done:
+                    append_jsonl(skipped_file, [{**key, "reason": reason}])
+                    bar.write(f"skipped {name} {record['id']} turn {turn}: {reason}")
+                continue
+            if turn < len(record["turns"]) and (record["id"], turn + 1) not in history:  # once, for every temperature
+                answer = autoregressive_generate(model, prompt, **greedy_kwargs).tokens
+                history[(record["id"], turn + 1)] = messages + [
+                    {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
+            if turn_key in done:
+                continue
+            kwargs = dict(sampling=sampling, max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                          eos_token_ids=eos)
             plain = runner.run(PLAIN, prompt, None, **kwargs)
             new_rows = [_row(key, PLAIN, plain, plain, sampling.greedy)]
             for method in methods:
@@ -335,6 +363,9 @@ def run_bench(
                 if new_file:
                     writer.writeheader()
                 writer.writerows(new_rows)
+    if not rows_file.is_file():
+        raise ValueError(f"Every turn was skipped (reasons in {skipped_file}): lower --max-new-tokens or pick "
+                         "prompts that fit the target's context window.")
     return pd.read_csv(rows_file)
 
 
