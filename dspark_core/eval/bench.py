@@ -2,11 +2,13 @@
 
 For every temperature and every prompt turn, plain decoding runs first and then every method, so
 each ratio compares runs made seconds apart on the same machine state. Rows go to
-``<out>/rows.csv`` as soon as a prompt's methods are all measured, with the settings and machine
-in ``<out>/settings.json``; re-running the same command skips what is already there, so an
-interrupted run loses nothing. A turn whose prompt plus ``max_new_tokens`` does not fit the
-target's context window is not measured: it goes to ``<out>/skipped.jsonl`` with the reason.
-Speedup is the median over prompts of the per-prompt throughput ratio ``(method tok/s) / (plain tok/s)``.
+``<out>/rows.csv`` as soon as a prompt's methods are all measured (one synced write per turn), with
+the settings and machine in ``<out>/settings.json``; re-running the same command skips what is
+already there, so an interrupted run loses nothing, and a run killed in the middle of a write
+leaves neither a torn nor a duplicated row (the rerun cuts the unfinished turn and measures it
+again). A turn whose prompt plus ``max_new_tokens`` does not fit the target's context window is
+not measured: it goes to ``<out>/skipped.jsonl`` with the reason. Speedup is the median over
+prompts of the per-prompt throughput ratio ``(method tok/s) / (plain tok/s)``.
 
 Methods are ours (``ngram``, ``oracle``, ``draft-lm``, ``eagle``, ``dflash``, ``dspark-markov``,
 ``dspark-rnn``: :func:`speculative_generate`, at fixed block lengths or, for dspark drafters, under
@@ -18,7 +20,6 @@ library's default settings; ``hf-prompt-lookup``: prompt lookup decoding).
 
 from __future__ import annotations
 
-import csv
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,7 +31,13 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..core.jsonl import append_jsonl, read_jsonl
+from ..core.jsonl import (
+    append_csv,
+    append_jsonl,
+    cut_torn_tail,
+    drop_last_lines,
+    read_jsonl,
+)
 from ..core.limits import check_block, context_overflow
 from ..core.prompts import REPO_ROOT, load_prompt_set
 from ..core.provenance import machine_info
@@ -259,8 +266,30 @@ def _row(key: dict, method: Method, result: GenerationResult, plain: GenerationR
     }
 
 
-def _prepare_out_dir(out_dir: Path, settings: BenchSettings) -> set[tuple]:
-    """Check a resumed run has the same settings; return the turns (:data:`KEY`) measured or skipped already."""
+def _finished_turns(rows_file: Path, per_turn: int) -> list[tuple]:
+    """Keys (:data:`KEY`) of the turns in ``rows_file``, each with all its ``per_turn`` rows.
+
+    A turn's rows are appended in one write, so a run killed in the middle of it leaves a torn last
+    line and possibly the first complete rows of that turn, at the end of the file: both are cut
+    here, and the turn is measured again, whole."""
+    if not rows_file.is_file():
+        return []
+    cut_torn_tail(rows_file)
+    if rows_file.stat().st_size == 0:
+        return []
+    keys = list(pd.read_csv(rows_file, usecols=list(KEY))[list(KEY)].itertuples(index=False, name=None))
+    trailing = 0
+    while trailing < len(keys) and keys[-1 - trailing] == keys[-1]:
+        trailing += 1
+    if keys and trailing < per_turn:
+        drop_last_lines(rows_file, trailing)
+        keys = keys[:-trailing]
+    return keys
+
+
+def _prepare_out_dir(out_dir: Path, settings: BenchSettings, per_turn: int) -> set[tuple]:
+    """Check a resumed run has the same settings; return the turns (:data:`KEY`) measured or skipped
+    already, after cutting what an interrupted write left (``per_turn``: rows a measured turn writes)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     settings_file, rows_file = out_dir / "settings.json", out_dir / "rows.csv"
     wanted = asdict(settings)
@@ -272,11 +301,8 @@ def _prepare_out_dir(out_dir: Path, settings: BenchSettings) -> set[tuple]:
     else:
         settings_file.write_text(json.dumps({"settings": wanted, "machine": machine_info(),
                                              "started": time.strftime("%Y-%m-%d %H:%M:%S")}, indent=2))
-    skipped = {tuple(row[k] for k in KEY) for row in read_jsonl(out_dir / "skipped.jsonl")}
-    if not rows_file.is_file():
-        return skipped
-    done = pd.read_csv(rows_file, usecols=list(KEY))[list(KEY)]
-    return set(done.itertuples(index=False, name=None)) | skipped
+    skipped = [tuple(row[k] for k in KEY) for row in read_jsonl(out_dir / "skipped.jsonl")]
+    return set(_finished_turns(rows_file, per_turn)) | set(skipped)
 
 
 def _cost_profile(out_dir: Path, model: PreTrainedModel, methods: list[Method]) -> CostProfile | None:
@@ -312,7 +338,7 @@ def run_bench(
     eos = eos_token_ids(model, tokenizer)
     runner = _Runner(model, tokenizer)
     runner.check_blocks(methods)
-    done = _prepare_out_dir(out_dir, settings)
+    done = _prepare_out_dir(out_dir, settings, per_turn=1 + len(methods))
     runner.profile = _cost_profile(out_dir, model, methods)
     items = [(name, record) for name in settings.benchmarks
              for record in load_prompt_set(benchmark_path(name))[: settings.n_prompts]]
@@ -357,12 +383,7 @@ def run_bench(
             new_rows = [_row(key, PLAIN, plain, plain, sampling.greedy)]
             for method in methods:
                 new_rows.append(_row(key, method, runner.run(method, prompt, plain, **kwargs), plain, sampling.greedy))
-            new_file = not rows_file.is_file()
-            with rows_file.open("a", newline="") as handle:
-                writer = csv.DictWriter(handle, fieldnames=list(new_rows[0]))
-                if new_file:
-                    writer.writeheader()
-                writer.writerows(new_rows)
+            append_csv(rows_file, new_rows)
     if not rows_file.is_file():
         raise ValueError(f"Every turn was skipped (reasons in {skipped_file}): lower --max-new-tokens or pick "
                          "prompts that fit the target's context window.")
