@@ -6,7 +6,7 @@ import torch
 from dspark_core import SamplingConfig, verify_chain
 from dspark_core.core.verification import acceptance_probability, residual
 
-from .toy import extend_with_target, round_distribution, tables, target_joint
+from .toy import law_errors, tables
 
 VOCAB = 5
 CONFIGS = {
@@ -21,13 +21,7 @@ CONFIGS = {
 
 def errors(rule: str, gamma: int, sampling: SamplingConfig, one_hot_draft: bool, seed: int) -> tuple[float, float]:
     """Max absolute error and total-variation distance between the output and target joint over gamma + 1 tokens."""
-    target, draft = tables(VOCAB, sampling, seed, one_hot_draft)
-    length = gamma + 1
-    spec = extend_with_target(round_distribution(target, draft, 0, gamma, rule), target, length)
-    exact = target_joint(target, 0, length)
-    assert sum(spec.values()) == pytest.approx(1.0, abs=1e-9)
-    diffs = [abs(spec.get(seq, 0.0) - prob) for seq, prob in exact.items()]
-    return max(diffs), 0.5 * sum(diffs)
+    return law_errors(*tables(VOCAB, sampling, seed, one_hot_draft), gamma, rule)
 
 
 @pytest.mark.parametrize("name", CONFIGS)

@@ -17,10 +17,17 @@ from dspark_core.core.verification import acceptance_probability, rejection_dist
 
 
 def tables(vocab: int, sampling: SamplingConfig, seed: int, one_hot_draft: bool = False, dtype=torch.float64):
-    """Target and draft transition tables ``[V, V]`` (rows are distributions)."""
+    """Target and draft transition tables ``[V, V]`` (rows are distributions) from seeded random logits."""
     gen = torch.Generator().manual_seed(seed)
     target_logits = torch.randn(vocab, vocab, generator=gen, dtype=dtype) * 1.5
     draft_logits = torch.randn(vocab, vocab, generator=gen, dtype=dtype) * 1.5
+    return tables_from_logits(target_logits, draft_logits, sampling, one_hot_draft, dtype)
+
+
+def tables_from_logits(target_logits: torch.Tensor, draft_logits: torch.Tensor, sampling: SamplingConfig,
+                       one_hot_draft: bool = False, dtype=torch.float64):
+    """Target and draft tables ``[V, V]`` from logits ``[V, V]`` (-inf: probability 0), both processed
+    with ``sampling``; a one-hot draft is its greedy argmax."""
     draft_cfg = SamplingConfig(0.0) if one_hot_draft else sampling
     target = probs_from_logits(target_logits, sampling).to(dtype)
     draft = probs_from_logits(draft_logits, draft_cfg).to(dtype)
@@ -83,3 +90,15 @@ def extend_with_target(round_dist, target, length: int) -> dict[tuple[int, ...],
                 prev = token
             out[emitted + tail] += p
     return dict(out)
+
+
+def law_errors(target, draft, gamma: int, rule: str = "exact", anchor: int = 0) -> tuple[float, float]:
+    """Max absolute error and total-variation distance between the joint of the first gamma + 1
+    tokens after ``anchor`` (one round with ``gamma`` draft positions, then plain target sampling)
+    and the target's own joint; the round's law comes from the verifier's own functions."""
+    length = gamma + 1
+    spec = extend_with_target(round_distribution(target, draft, anchor, gamma, rule), target, length)
+    exact = target_joint(target, anchor, length)
+    assert abs(sum(spec.values()) - 1.0) < 1e-9
+    diffs = [abs(spec.get(seq, 0.0) - prob) for seq, prob in exact.items()]
+    return max(diffs), 0.5 * sum(diffs)

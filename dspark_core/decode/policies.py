@@ -146,7 +146,7 @@ class HardwareAware:
         self.lossy_retrospective = lossy_retrospective
 
     def verify_lengths(self, drafts: Sequence[Draft], budgets: Sequence[int]) -> list[int]:
-        survivals = [torch.cumprod(_confidences(d), 0)[: max(0, b)] for d, b in zip(drafts, budgets)]
+        survivals = [torch.cumprod(_confidences(d), 0)[: max(0, min(b, self.max_draft))] for d, b in zip(drafts, budgets)]
         requests = len(drafts)
         return schedule_prefixes(survivals, lambda tokens: self.steps_per_second(tokens, requests), self.lossy_retrospective)
 
