@@ -51,4 +51,4 @@ class OverlapIndex:
             mine = self.shingles[index]
             if shared / len(sh | mine) >= THRESHOLD or shared / len(mine) >= THRESHOLD:
                 found.append(self.ids[index])
-        return found
+        return list(dict.fromkeys(found))  # an exact match also shares its shingles: name it once
