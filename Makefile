@@ -39,7 +39,7 @@ test: setup
 	$(BIN)/python -m pytest -q
 
 # The engine soak at scale: 2,000 requests of up to 160 + 96 tokens, 16 at a time, under fixed lengths and
-# the hardware-aware scheduler (a few minutes; `make test` runs the 200-request version). Prints its figures.
+# the hardware-aware scheduler (about 5 minutes on 2 cores; `make test` runs 200). Prints its figures.
 soak: setup
 	DSPARK_SOAK=long $(BIN)/python -m pytest -q -s tests/test_soak.py
 

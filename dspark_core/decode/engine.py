@@ -8,7 +8,10 @@ and leave between rounds.
 KV layout: one cache of shape [R, heads, S, head_dim] whose S *slots* are shared by all rows. A
 round appends the same number of slots to every row; slots that hold padding or rejected draft
 tokens become *holes*, masked out of attention for good (``valid`` [R, S]). Rolling a request back
-is therefore masking, not copying, and rows never move. Positions (RoPE) are per request.
+is therefore masking, not copying, and rows never move. Positions (RoPE) are per request. After a
+round the cache is compacted (holes dropped) once it holds more than ``COMPACT_SLACK`` times the
+slots the longest live request needs and more than ``COMPACT_MIN_SLOTS``: between rounds
+``S <= max(COMPACT_MIN_SLOTS, COMPACT_SLACK * max_r valid[r].sum())``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from ..core.rounds import Draft, DraftContext, Drafter, GenerationResult
 from ..core.sampling import SamplingConfig
 from .loop import commit_round, verify_round
 from .policies import VerificationPolicy, verify_lengths, worth_drafting
+
+COMPACT_MIN_SLOTS = 64  # a cache this small is never compacted (copying would cost more than the holes)
+COMPACT_SLACK = 2  # compact when the slots exceed this many times the longest live request's committed tokens
 
 
 @dataclass
@@ -228,7 +234,7 @@ class BatchedEngine:
         self.finished += [r for r in self.active if r.finished]
         self.active = [self.active[i] for i in keep]
         self.kv.keep_rows(keep)
-        if self.kv.slots > 64 and self.kv.slots > 2 * int(self.kv.valid.sum(1).max()):
+        if self.kv.slots > COMPACT_MIN_SLOTS and self.kv.slots > COMPACT_SLACK * int(self.kv.valid.sum(1).max()):
             self.kv.compact()
 
     def run(self) -> list[Request]:
