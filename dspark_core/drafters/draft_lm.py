@@ -12,6 +12,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..core.checksums import verify_checksums
 from ..core.rounds import Draft, DraftContext
 from ..core.sampling import SamplingConfig, probs_from_logits, sample
 from ..core.session import CausalLMSession
@@ -23,8 +24,11 @@ def load_draft_lm(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A draft LM and its tokenizer: a hub id or folder with its own tokenizer, or a folder written
     by ``dspark train --drafter draft-lm``, which stores no tokenizer but records the fingerprint of
-    the target's (it must match ``target_tokenizer``, whose files then serve)."""
+    the target's (it must match ``target_tokenizer``, whose files then serve). A folder's
+    ``checksums.sha256``, when present, is checked first."""
     folder = Path(name_or_path)
+    if folder.is_dir():
+        verify_checksums(folder)
     if not folder.is_dir() or (folder / "tokenizer_config.json").is_file():
         return load_target(name_or_path, device=device)
     recorded = getattr(AutoConfig.from_pretrained(folder), "tokenizer_fingerprint", None)

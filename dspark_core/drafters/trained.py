@@ -14,6 +14,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..core.checksums import verify_checksums
 from ..core.rounds import Draft, DraftContext
 from ..core.sampling import SamplingConfig, probs_from_logits, sample
 from ..core.target import target_fingerprint, tokenizer_fingerprint
@@ -43,7 +44,10 @@ def check_drafter_target(drafter: TargetBoundDrafter, model: PreTrainedModel, to
 def load_trained_drafter(
     path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
 ) -> "BlockDrafter | EagleServing":
-    """Load a saved drafter folder (config.json + model.safetensors) and bind it to the target."""
+    """Load a saved drafter folder (config.json + model.safetensors) and bind it to the target.
+    Its ``checksums.sha256``, when present, is checked first (a mismatch is a clear error)."""
+    if Path(path).is_dir():
+        verify_checksums(Path(path))
     try:
         config = DrafterConfig.from_pretrained(path)
         cls = EagleDrafter if config.kind == "eagle" else ParallelDrafter
