@@ -18,6 +18,7 @@ from safetensors.torch import load_model, save_file, save_model
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
+from ..core.checksums import write_checksums
 from .config import TrainConfig
 
 
@@ -60,6 +61,7 @@ def fit(
     config: TrainConfig,
     out_dir: Path,
     desc: str,
+    on_save: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> torch.nn.Module:
     """The training loop shared by every drafter: AdamW with warm-up and cosine decay, gradient
     clipping, ``accelerate`` for devices, a loss CSV, and a pickle-free checkpoint every
@@ -68,6 +70,7 @@ def fit(
 
     batches_for(step) returns the step's micro-batches: dicts of CPU tensors plus ``weight``, their
     share of the step (weights sum to 1); loss_fn(model, batch) returns named terms including ``loss``.
+    on_save(step, module) runs after every checkpoint (e.g. to measure held-out acceptance as training goes).
     """
     accelerator = Accelerator()
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
@@ -119,6 +122,10 @@ def fit(
             if accelerator.is_main_process:
                 inner = optimizer.optimizer if hasattr(optimizer, "optimizer") else optimizer
                 save_training_state(state_dir, accelerator.unwrap_model(wrapped), inner, step)
+                if on_save is not None:
+                    unwrapped = accelerator.unwrap_model(wrapped).eval()
+                    on_save(step, unwrapped)
+                    unwrapped.train()
     bar.close()
     return accelerator.unwrap_model(wrapped).eval()
 
@@ -137,7 +144,8 @@ def _keep_log_until(log_path: Path, step: int) -> None:
 
 
 def save_checkpoint(module: PreTrainedModel, out_dir: Path, dtype: str) -> None:
-    """save_pretrained in ``dtype`` (bfloat16 halves the shipped size; loading casts back to float32)."""
+    """save_pretrained in ``dtype`` (bfloat16 halves the shipped size; loading casts back to float32),
+    with the weights' SHA-256 beside them (checked at load)."""
     converted: dict[int, torch.Tensor] = {}  # by storage, so tied weights stay tied (and are stored once)
     cast = {}
     for name, tensor in module.state_dict().items():
@@ -145,3 +153,4 @@ def save_checkpoint(module: PreTrainedModel, out_dir: Path, dtype: str) -> None:
             tensor = converted.setdefault(tensor.data_ptr(), tensor.to(getattr(torch, dtype)))
         cast[name] = tensor
     module.save_pretrained(out_dir, state_dict=cast)
+    write_checksums(out_dir)
