@@ -77,7 +77,7 @@ def test_the_scheduler_verifies_what_pays_for_itself():
 def test_rows_per_method_and_concurrency():
     profile = toy_profile([10.0, 11.0, 12.0, 13.0, 14.0, 30.0, 40.0, 50.0], requests=(1, 2, 4))
     rounds = calibrated(rounds_from_acceptance([0.8] * 7, 400, seed=0), Scaling(np.ones(7), np.zeros(7)))
-    methods = standard_methods(7, [0.3, 0.6], profile)
+    methods = standard_methods(7, [0.3, 0.6], profile.steps_per_second)
     assert list(methods) == ["plain", *[f"fixed-{g}" for g in range(1, 8)], "survival-0.3", "survival-0.6", "hw-7"]
     rows = project(rounds, methods, profile, [1, 2, 4], lambda r: profile.draft_seconds(1, r))
     assert len(rows) == len(methods) * 3
@@ -112,3 +112,19 @@ def test_a_roofline_profile_is_flat_until_compute_bound():
     assert 0 < profile.draft_seconds(1, 1) < profile.draft_seconds(5, 1) < profile.forward_seconds(1, 1)
     rounds = rounds_from_acceptance([0.9] * 7, 64)
     assert replay(rounds, "fixed-7", FixedLength(7), profile, 64, lambda r: profile.draft_seconds(5, r)).tau > 3
+
+
+def test_flattened_batches_cost_what_their_tokens_do():
+    profile = toy_profile([10.0, 12.0, 14.0, 16.0], requests=(4,))
+    assert profile.steps_per_second(5, 4) == pytest.approx(1000 / 12.0)  # 5 tokens over 4 rows: 2 per row, rounded up
+    assert profile.flattened_steps_per_second(5, 4) == pytest.approx(1000 / 10.5)  # 1.25 per row
+    assert profile.flattened_steps_per_second(8, 4) == profile.steps_per_second(8, 4)
+    # The early stop of Algorithm 1 ends at the first admission that does not pay. With rows rounded up, the 5th
+    # token of 4 requests costs as if every row grew, so the scheduler stops at one draft token per request;
+    # with flattened batches every token costs its share and it verifies more.
+    rounds = rounds_from_acceptance([0.95] * 3, 400, seed=0)
+    lengths = {}
+    for name, sps in [("rounded", profile.steps_per_second), ("flattened", profile.flattened_steps_per_second)]:
+        policy = HardwareAware(3, sps)
+        lengths[name] = replay(rounds, "hw", policy, profile, 4, lambda r: 0.0, steps_per_second=sps).verified
+    assert (lengths["rounded"], lengths["flattened"]) == (1 * 4 * 100, 3 * 4 * 100)

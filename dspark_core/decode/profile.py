@@ -72,10 +72,11 @@ class CostProfile:
     def token_counts(self) -> list[int]:
         return list(self.tokens) if self.tokens else list(range(1, len(next(iter(self.steps.values()))) + 1))
 
-    def forward_seconds(self, n: int, requests: int) -> float:
+    def forward_seconds(self, n: float, requests: int) -> float:
         """Seconds of one forward of ``requests`` rows x ``n`` new tokens (the nearest profiled R at or
-        above ``requests``). Between profiled n the time is interpolated linearly; beyond the longest it
-        grows in proportion to n; below the shortest it is the shortest's."""
+        above ``requests``). Between profiled n the time is interpolated linearly (n may be fractional:
+        a flattened batch); beyond the longest it grows in proportion to n; below the shortest it is the
+        shortest's."""
         curve = self.steps[_nearest_at_or_above(list(self.steps), requests)]
         seconds = [1.0 / s for s in curve]
         counts = self.token_counts()
@@ -86,6 +87,12 @@ class CostProfile:
     def steps_per_second(self, tokens: int, requests: int) -> float:
         """SPS(B) for B = ``tokens`` spread evenly over ``requests`` rows: 1 / forward_seconds(ceil(B / R), R)."""
         return 1.0 / self.forward_seconds(max(1, math.ceil(tokens / max(1, requests))), requests)
+
+    def flattened_steps_per_second(self, tokens: int, requests: int) -> float:
+        """SPS(B) when the B tokens of R rows run as one flattened variable-length batch (the serving
+        kernels of paper section 5.3): the time at B / R tokens per row, not rounded up, so it is as smooth
+        in B as the profile is in n."""
+        return 1.0 / self.forward_seconds(max(1.0, tokens / max(1, requests)), requests)
 
     def draft_seconds(self, layers: int, requests: int) -> float:
         """Seconds to draft one block for each of ``requests`` requests with a ``layers``-deep dspark drafter."""

@@ -13,11 +13,13 @@ step, one target forward over B = sum_r (l_r + 1) tokens. A step costs
 
     T_step = T_draft(R) + 1 / SPS(B, R)
 
-with SPS the profile's ``steps_per_second(B, R)`` (tokens spread evenly over the R rows, the same
-cost model the hardware-aware scheduler optimises) and T_draft the drafter's cost for R requests,
-zero for plain decoding and for a step in which the scheduler skips drafting
-(:func:`~dspark_core.decode.policies.worth_drafting`). The policies are the ones decoding uses
-(:mod:`dspark_core.decode.policies`); nothing here re-implements them.
+with T_draft the drafter's cost for R requests (zero for plain decoding and for a step in which the
+scheduler skips drafting, :func:`~dspark_core.decode.policies.worth_drafting`) and SPS a cost model
+read from the profile, the same one the hardware-aware scheduler is given:
+``profile.steps_per_second`` (the default: ceil(B / R) tokens per row, as a padded batch of nearly equal
+rows costs) or ``profile.flattened_steps_per_second`` (B / R, as flattened variable-length kernels cost).
+The policies are the ones decoding uses (:mod:`dspark_core.decode.policies`); nothing here
+re-implements them.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ from .policies import (
     worth_drafting,
 )
 from .profile import CostProfile
+
+StepsPerSecond = Callable[[int, int], float]  # SPS(B tokens, R requests)
 
 
 def rounds_from_result(result: GenerationResult) -> Rounds:
@@ -82,13 +86,13 @@ def conditional_acceptance(rounds: Rounds) -> np.ndarray:
     return accepted / np.maximum(reached, 1)
 
 
-def standard_methods(gamma: int, thresholds: Sequence[float], profile: CostProfile) -> dict[str, VerificationPolicy]:
+def standard_methods(gamma: int, thresholds: Sequence[float], steps_per_second: StepsPerSecond) -> dict[str, VerificationPolicy]:
     """Plain decoding, every fixed length 1..gamma, the static survival thresholds and the
-    hardware-aware scheduler (Algorithm 1 on ``profile``), by label."""
+    hardware-aware scheduler (Algorithm 1 reading ``steps_per_second``), by label."""
     methods: dict[str, VerificationPolicy] = {"plain": FixedLength(0)}
     methods.update({f"fixed-{g}": FixedLength(g) for g in range(1, gamma + 1)})
     methods.update({f"survival-{t:g}": SurvivalThreshold(gamma, t) for t in thresholds})
-    methods[f"hw-{gamma}"] = HardwareAware(gamma, profile.steps_per_second)
+    methods[f"hw-{gamma}"] = HardwareAware(gamma, steps_per_second)
     return methods
 
 
@@ -132,10 +136,12 @@ def replay(
     draft_seconds: Callable[[int], float],
     seed: int = 0,
     drafts: list[Draft] | None = None,
+    steps_per_second: StepsPerSecond | None = None,
 ) -> Replay:
     """Replay ``rounds`` under ``policy`` with R = ``requests`` concurrent requests (see the module
-    docstring). ``draft_seconds(R)``: the drafter's time per step. Rounds left over after the last
-    full deal of R are not used; R = 1 replays every round in its measured order."""
+    docstring). ``draft_seconds(R)``: the drafter's time per step; ``steps_per_second``: the cost
+    model (default ``profile.steps_per_second``). Rounds left over after the last full deal of R are
+    not used; R = 1 replays every round in its measured order."""
     if len(rounds.accepted) < requests:
         raise ValueError(f"{len(rounds.accepted)} rounds cannot fill a step of R = {requests} requests; "
                          "pass more rounds or a smaller R.")
@@ -146,6 +152,7 @@ def replay(
         raise ValueError(f"{method} reads confidences, and these rounds have none (NaN): replay fixed lengths only, "
                          "or rounds of a dspark drafter.")
     drafts = drafts if drafts is not None else _drafts(rounds)
+    sps = steps_per_second or profile.steps_per_second
     order = np.arange(len(drafts)) if requests == 1 else np.random.default_rng(seed).permutation(len(drafts))
     steps = len(order) // requests
     drafting = policy.max_draft > 0 and worth_drafting(policy, requests)
@@ -158,7 +165,7 @@ def replay(
         lengths = verify_lengths(policy, [drafts[i] for i in index], budgets) if drafting else [0] * requests
         verified += sum(lengths)
         tokens += sum(min(int(a), length) + 1 for a, length in zip(rounds.accepted[index], lengths))
-        seconds += step_draft + 1.0 / profile.steps_per_second(sum(lengths) + requests, requests)
+        seconds += step_draft + 1.0 / sps(sum(lengths) + requests, requests)
     return Replay(method, requests, steps, tokens, verified, seconds, step_draft * steps)
 
 
@@ -169,15 +176,17 @@ def project(
     concurrency: Sequence[int],
     draft_seconds: Callable[[int], float],
     seed: int = 0,
+    steps_per_second: StepsPerSecond | None = None,
 ) -> list[dict]:
     """One row per (method, R): tau, verified tokens per request, step time, share of it spent
-    drafting, per-user and total tokens per second, and the speedups over plain decoding at that R."""
+    drafting, per-user and total tokens per second, and the speedups over plain decoding at that R.
+    ``steps_per_second``: the cost model, which the scheduler in ``methods`` should read too."""
     drafts = _drafts(rounds)
     rows = []
     for requests in concurrency:
         plain = 1.0 / profile.forward_seconds(1, requests)  # tokens per second per user, plain decoding
         for label, policy in methods.items():
-            row = replay(rounds, label, policy, profile, requests, draft_seconds, seed, drafts).row()
+            row = replay(rounds, label, policy, profile, requests, draft_seconds, seed, drafts, steps_per_second).row()
             row["speedup"] = row["per_user_tps"] / plain
             rows.append(row)
     return rows
