@@ -129,3 +129,11 @@ def test_profile_and_draft_cost_at_tiny_size():
         measure_profile(model, (1,), mode="graphs")
     seconds, spread = measure_draft_cost(SHAPES["tiny"], layers=(1, 3), requests=(1, 2), context=8, repeats=2)
     assert sorted(seconds) == ["1", "3"] and sorted(seconds["3"]) == ["1", "2"] and min(seconds["3"].values()) > 0
+
+
+def test_notebook_06_reports_a_bad_parameter(tmp_path):
+    papermill = pytest.importorskip("papermill")
+    with pytest.raises(papermill.PapermillExecutionError, match="concurrency"):
+        papermill.execute_notebook(REPO / "notebooks" / "06_gpu_results.ipynb", tmp_path / "bad.ipynb",
+                                   parameters={"concurrency": [0, 2]}, cwd=str(REPO / "notebooks"), kernel_name="python3",
+                                   progress_bar=False)
