@@ -137,3 +137,17 @@ def test_notebook_06_reports_a_bad_parameter(tmp_path):
         papermill.execute_notebook(REPO / "notebooks" / "06_gpu_results.ipynb", tmp_path / "bad.ipynb",
                                    parameters={"concurrency": [0, 2]}, cwd=str(REPO / "notebooks"), kernel_name="python3",
                                    progress_bar=False)
+
+
+def test_dspark_profile_times_a_named_shape(tmp_path, capsys):
+    from dspark_core.cli import main
+
+    out = tmp_path / "profile.json"
+    assert main(["profile", "--shape", "tiny", "--requests", "1", "2", "--tokens", "1", "4", "--context", "8",
+                 "--repeats", "1", "--mode", "static", "--draft-layers", "1", "--out", str(out)]) == 0
+    profile = CostProfile.load(out)
+    assert profile.meta["mode"] == "static" and profile.meta["shape"]["name"] == "tiny"
+    assert profile.token_counts() == [1, 4] and profile.draft_seconds(1, 2) > 0
+    assert "draft ms per round, 1 layer(s)" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="pass --shape"):
+        main(["profile", "--draft-layers", "1", "--out", str(tmp_path / "other.json")])
