@@ -188,7 +188,13 @@ def cmd_train(args: argparse.Namespace) -> None:
     else:
         spec = FeatureSpec(layers=config.feature_layers, top_k=args.top_k)
         store = build_feature_store(model, tokenizer, sequences, spec, max_gb=args.max_gb)
-        trained = train(config, model, tokenizer, store, Path(args.out))
+        on_save = None
+        if args.selection:
+            from .eval.heldout import selection_curve, selection_store
+
+            curve = Path(args.out) / "selection-curve.csv"
+            on_save = selection_curve(selection_store(model, tokenizer, config.feature_layers), curve)
+        trained = train(config, model, tokenizer, store, Path(args.out), on_save)
     print(f"saved {config.drafter} ({sum(p.numel() for p in trained.parameters()) / 1e6:.1f}M parameters) to {args.out}")
 
 
@@ -337,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--val-fraction", type=float, default=tc.val_fraction)
     trn.add_argument("--save-every", type=int, default=tc.save_every)
     trn.add_argument("--bf16", action="store_true", help="autocast the drafter's training to bfloat16")
+    trn.add_argument("--selection", action="store_true",
+                     help="at every checkpoint, measure acceptance on the held-out selection set (selection-curve.csv)")
     trn.add_argument("--seed", type=int, default=tc.seed)
     trn.add_argument("--sources", default="fixed,distill",
                      help="training text: fixed (ShareGPT conversations read by the target), distill (its own answers)")

@@ -16,7 +16,13 @@ from dspark_core.drafters.trained import load_trained_drafter
 from dspark_core.eval.heldout import domain_acceptance
 from dspark_core.train import drafters as train_module
 from dspark_core.train.config import TrainConfig
-from dspark_core.train.drafters import block_anchors, epoch_steps, planned_steps, train, train_draft_lm
+from dspark_core.train.drafters import (
+    block_anchors,
+    epoch_steps,
+    planned_steps,
+    train,
+    train_draft_lm,
+)
 
 QUICK = dict(drafter="dspark", head="rnn", block=4, draft_vocab=512, rank=16, steps=20, tokens_per_step=60,
              save_every=10, log_every=5, val_fraction=0.25, warmup=5)
@@ -108,7 +114,8 @@ def test_other_kinds_and_recipes_train_and_serve(target, tiny, prompts, eos, tmp
     model, tokenizer = target
     _, store = tiny
     config = TrainConfig(**{**QUICK, "drafter": kind, "head": "markov", "loss": loss, "steps": 4, "save_every": 4,
-                            "log_every": 2, "ce_label": "argmax", "init_from_target": kind == "dflash", "bf16": True})
+                            "log_every": 2, "ce_label": "argmax", "init_from_target": kind == "dflash", "bf16": True,
+                            "save_dtype": "float8" if kind == "dspark" else "bfloat16"})
     trained = train(config, model, tokenizer, store, tmp_path)
     assert trained.config.kind == kind
     rows = list(csv.DictReader((tmp_path / "loss.csv").open()))
@@ -143,3 +150,21 @@ def test_draft_lm_distils_and_drafts(target, tiny, prompts, eos, tmp_path):
     plain = autoregressive_generate(model, prompts[3], max_new_tokens=12, eos_token_ids=eos)
     assert speculative_generate(model, prompts[3], drafter, FixedLength(3), max_new_tokens=12,
                                 eos_token_ids=eos).tokens == plain.tokens
+
+
+def test_float8_checkpoints_are_half_the_size_and_within_two_percent(target, tmp_path):
+    from dspark_core.core.fp8 import load_weights, save_weights
+    from dspark_core.train.drafters import build_drafter_model
+
+    model, tokenizer = target
+    drafter = build_drafter_model(TrainConfig(drafter="dspark", draft_vocab=512, rank=16), model, tokenizer, torch.arange(512))
+    save_weights(drafter, tmp_path / "bf16", "bfloat16")
+    save_weights(drafter, tmp_path / "fp8", "float8")
+    sizes = {d: (tmp_path / d / "model.safetensors").stat().st_size for d in ("bf16", "fp8")}
+    assert sizes["fp8"] < 0.6 * sizes["bf16"]
+    loaded = load_weights(type(drafter)(drafter.config), tmp_path / "fp8")
+    for name, tensor in drafter.state_dict().items():
+        error = (loaded.state_dict()[name].float() - tensor.float()).norm() / tensor.float().norm().clamp_min(1e-12)
+        assert error < 0.03, (name, float(error))
+    with pytest.raises(ValueError, match="does not fit"):
+        load_weights(type(drafter)(drafter.config.__class__(**{**drafter.config.to_dict(), "rank": 8})), tmp_path / "fp8")

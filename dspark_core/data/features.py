@@ -30,10 +30,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..core.fp8 import from_fp8, to_fp8
 from ..core.target import cache_dir, target_fingerprint
 from .sequences import Sequences
-
-FP8_MAX = 448.0  # the largest finite float8 e4m3 value
 
 
 @dataclass(frozen=True)
@@ -48,17 +47,14 @@ class FeatureSpec:
 
 
 def quantize(hidden: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
-    """[..., d] float -> (float8 e4m3 bits [..., d] uint8, scales [...] float32); x ~ bits * scale."""
-    hidden = hidden.float()
-    scale = hidden.abs().amax(-1, keepdim=True).clamp_min(1e-12) / FP8_MAX
-    bits = (hidden / scale).to(torch.float8_e4m3fn).view(torch.uint8)
-    return bits.numpy(), scale.squeeze(-1).numpy()
+    """[..., d] float -> (float8 e4m3 bits [..., d] uint8, scales [...] float32), as :func:`..core.fp8.to_fp8`."""
+    values, scales = to_fp8(hidden)
+    return values.view(torch.uint8).numpy(), scales.numpy()
 
 
 def dequantize(bits: np.ndarray, scales: np.ndarray) -> torch.Tensor:
     """Inverse of :func:`quantize`: float32 [..., d]."""
-    return torch.from_numpy(np.array(bits)).view(torch.float8_e4m3fn).float() * torch.from_numpy(
-        np.array(scales, dtype=np.float32))[..., None]
+    return from_fp8(torch.from_numpy(np.array(bits)).view(torch.float8_e4m3fn), torch.from_numpy(np.array(scales)))
 
 
 def _chunks(lengths: list[int], chunk_tokens: int) -> list[tuple[int, int]]:

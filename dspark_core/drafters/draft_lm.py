@@ -8,11 +8,13 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    GenerationConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
 from ..core.checksums import verify_checksums
+from ..core.fp8 import load_weights
 from ..core.rounds import Draft, DraftContext
 from ..core.sampling import SamplingConfig, probs_from_logits, sample
 from ..core.session import CausalLMSession
@@ -38,7 +40,11 @@ def load_draft_lm(
     if recorded != tokenizer_fingerprint(target_tokenizer):
         raise ValueError(f"The draft LM at {folder} was trained with another tokenizer (fingerprint {recorded}, the "
                          f"target's is {tokenizer_fingerprint(target_tokenizer)}); train one for this target.")
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device).eval(), target_tokenizer
+    config = AutoConfig.from_pretrained(folder)
+    lm = load_weights(AutoModelForCausalLM.from_config(config, dtype=torch.float32), folder)
+    if (folder / "generation_config.json").is_file():
+        lm.generation_config = GenerationConfig.from_pretrained(folder)
+    return lm.to(device).eval(), target_tokenizer
 
 
 class DraftLMDrafter:

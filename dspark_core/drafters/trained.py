@@ -15,6 +15,7 @@ from safetensors import SafetensorError
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.checksums import verify_checksums
+from ..core.fp8 import load_weights
 from ..core.rounds import Draft, DraftContext
 from ..core.sampling import SamplingConfig, probs_from_logits, sample
 from ..core.target import target_fingerprint, tokenizer_fingerprint
@@ -51,7 +52,7 @@ def load_trained_drafter(
     try:
         config = DrafterConfig.from_pretrained(path)
         cls = EagleDrafter if config.kind == "eagle" else ParallelDrafter
-        drafter = cls.from_pretrained(path, dtype=torch.float32).to(model.device)
+        drafter = load_weights(cls(config), Path(path)).to(model.device)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise ValueError(f"Could not load the drafter checkpoint at {path}: it is missing, truncated or corrupt "
                          f"({type(err).__name__}: {err}). Re-create it with `dspark train` or restore the file.") from err

@@ -13,6 +13,7 @@ temperature 1 (1 - ||p_d - p_t||_1 / 2) comes with it. Both are per domain.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -84,3 +85,16 @@ def evaluate_folder(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedT
     table = domain_acceptance(served.drafter, selection_store(model, tokenizer, tuple(served.feature_layers), per_benchmark))
     table.to_csv(Path(folder) / "selection.csv")
     return table
+
+
+def selection_curve(store: FeatureStore, out_file: Path) -> Callable[[int, TargetBoundDrafter], None]:
+    """A training ``on_save`` hook: append the step's mean greedy a1 and expected tau (greedy and
+    sampled) on the selection set to ``out_file``, to see when held-out acceptance stops rising."""
+
+    def measure(step: int, drafter: TargetBoundDrafter) -> None:
+        mean = domain_acceptance(drafter, store).loc["mean"]
+        row = pd.DataFrame([{"step": step, "greedy_a1": mean["greedy_a1"], "greedy_tau": mean["greedy_tau"],
+                             "sampled_tau": mean["sampled_tau"]}])
+        row.to_csv(out_file, mode="a", header=not out_file.is_file(), index=False)
+
+    return measure

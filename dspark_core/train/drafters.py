@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -231,8 +232,10 @@ def train(
     tokenizer: PreTrainedTokenizerBase,
     store: FeatureStore,
     out_dir: Path,
+    on_save: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> TargetBoundDrafter:
-    """Train (or resume) an eagle / dflash / dspark drafter into ``out_dir``; returns it bound to the target."""
+    """Train (or resume) an eagle / dflash / dspark drafter into ``out_dir``; returns it bound to the target.
+    ``on_save(step, drafter)`` runs at every checkpoint."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     sequences = store.sequences
@@ -253,7 +256,8 @@ def train(
         return [{**b, "weight": b["anchors"].shape[1] / blocks} for b in batches]
 
     desc = f"train {config.drafter}" + (f"-{config.head}" if config.drafter == "dspark" else "")
-    drafter = fit(drafter, lambda m, b: compute_loss(drafter, m, b, config.loss), batches_for, config, out_dir, desc)
+    drafter = fit(drafter, lambda m, b: compute_loss(drafter, m, b, config.loss), batches_for, config, out_dir, desc,
+                  on_save)
     save_checkpoint(drafter, out_dir, config.save_dtype)
     if len(val_rows):
         acceptance = held_out_acceptance(drafter, store, val_rows, config.block)

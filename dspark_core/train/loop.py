@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel
 
 from ..core.checksums import write_checksums
+from ..core.fp8 import save_weights
 from .config import TrainConfig
 
 
@@ -144,13 +145,10 @@ def _keep_log_until(log_path: Path, step: int) -> None:
 
 
 def save_checkpoint(module: PreTrainedModel, out_dir: Path, dtype: str) -> None:
-    """save_pretrained in ``dtype`` (bfloat16 halves the shipped size; loading casts back to float32),
-    with the weights' SHA-256 beside them (checked at load)."""
-    converted: dict[int, torch.Tensor] = {}  # by storage, so tied weights stay tied (and are stored once)
-    cast = {}
-    for name, tensor in module.state_dict().items():
-        if tensor.is_floating_point():
-            tensor = converted.setdefault(tensor.data_ptr(), tensor.to(getattr(torch, dtype)))
-        cast[name] = tensor
-    module.save_pretrained(out_dir, state_dict=cast)
+    """The config and the weights in ``dtype`` (``bfloat16``, or ``float8`` with per-row scales: half the
+    size again; loading expands to float32), with the weights' SHA-256 beside them (checked at load)."""
+    module.config.save_pretrained(out_dir)
+    if getattr(module, "generation_config", None) is not None and module.can_generate():
+        module.generation_config.save_pretrained(out_dir)
+    save_weights(module, out_dir, dtype)
     write_checksums(out_dir)
