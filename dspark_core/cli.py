@@ -180,7 +180,8 @@ def cmd_train(args: argparse.Namespace) -> None:
         seed=args.seed, save_every=args.save_every, lm_width=args.lm_width, bf16=args.bf16,
     )
     model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
-    sequences = training_sequences(tokenizer, tuple(args.sources.split(",")), args.max_tokens, args.seed)
+    sequences = training_sequences(tokenizer, tuple(args.sources.split(",")), args.max_tokens, args.seed,
+                                   args.fixed_tokens)
     print(f"training text: {len(sequences):,} sequences, {sequences.total_tokens:,} tokens, "
           f"{sequences.span_tokens:,} in spans; mix {json.dumps(sequences.counts())}")
     if config.drafter == "draft-lm":
@@ -348,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--seed", type=int, default=tc.seed)
     trn.add_argument("--sources", default="fixed,distill",
                      help="training text: fixed (ShareGPT conversations read by the target), distill (its own answers)")
-    trn.add_argument("--max-tokens", type=int, default=None, help="a seeded random subset of about N tokens")
+    trn.add_argument("--max-tokens", type=int, default=None, help="a seeded random subset of about N tokens of the text")
+    trn.add_argument("--fixed-tokens", type=int, default=None,
+                     help="about N tokens of fixed-text conversations (a seeded subset), with every distilled answer")
     trn.add_argument("--top-k", type=int, default=16, help="target probabilities stored per position")
     trn.add_argument("--max-gb", type=float, default=20.0, help="disk budget of the feature store")
     trn.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",

@@ -171,20 +171,26 @@ SOURCES = ("fixed", "distill")
 
 
 def training_sequences(tokenizer, sources: tuple[str, ...] = SOURCES, max_tokens: int | None = None,
-                       seed: int = 0, max_tokens_per_conversation: int = 1536) -> Sequences:
-    """The training text: fixed-text conversations and/or the packed self-distilled answers, as one
-    :class:`Sequences` in a fixed order; with ``max_tokens``, a seeded random subset of about that many tokens."""
+                       seed: int = 0, fixed_tokens: int | None = None, max_tokens_per_conversation: int = 1536) -> Sequences:
+    """The training text, in a fixed order: fixed-text conversations (a seeded random subset of about
+    ``fixed_tokens`` when given) and/or every packed self-distilled answer; with ``max_tokens``, a
+    seeded random subset of about that many tokens of the whole."""
     unknown = set(sources) - set(SOURCES)
     if unknown or not sources:
         raise ValueError(f"sources must be a non-empty subset of {SOURCES}, got {sources}")
     parts = []
     if "fixed" in sources:
-        parts.append(fixed_conversations(tokenizer, load_conversations(), max_tokens_per_conversation))
+        parts.append(_about(fixed_conversations(tokenizer, load_conversations(), max_tokens_per_conversation),
+                            fixed_tokens, seed))
     if "distill" in sources:
         parts.append(distill.load(tokenizer))
-    sequences = parts[0] if len(parts) == 1 else parts[0] + parts[1]
-    if max_tokens is not None and max_tokens < sequences.total_tokens:
-        order = np.random.default_rng(seed).permutation(len(sequences))
-        budget = np.cumsum([len(sequences.tokens[i]) for i in order])
-        sequences = sequences.select(sorted(order[: int(np.searchsorted(budget, max_tokens)) + 1].tolist()))
-    return sequences
+    return _about(parts[0] if len(parts) == 1 else parts[0] + parts[1], max_tokens, seed)
+
+
+def _about(sequences: Sequences, tokens: int | None, seed: int) -> Sequences:
+    """A seeded random subset of whole sequences holding about ``tokens`` tokens (all of them when None)."""
+    if tokens is None or tokens >= sequences.total_tokens:
+        return sequences
+    order = np.random.default_rng(seed).permutation(len(sequences))
+    budget = np.cumsum([len(sequences.tokens[i]) for i in order])
+    return sequences.select(sorted(order[: int(np.searchsorted(budget, tokens)) + 1].tolist()))

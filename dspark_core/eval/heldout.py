@@ -62,13 +62,14 @@ def selection_store(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
 
 @torch.no_grad()
 def domain_acceptance(drafter: TargetBoundDrafter, store: FeatureStore) -> pd.DataFrame:
-    """One row per domain (and ``mean``, the mean over domains): greedy conditional acceptance a1..ag,
-    expected tau from them, and the same at temperature 1 (analytic)."""
+    """One row per domain (and ``mean``, the mean over domains): the share of the target's greedy tokens
+    outside the draft vocabulary (a cap on acceptance), greedy conditional acceptance a1..ag, expected
+    tau from them, and the same at temperature 1 (analytic)."""
     g, rows = drafter.config.block_size, []
     sources = np.asarray(store.sequences.sources)
     for domain in sorted(set(sources)):
         measured = held_out_acceptance(drafter, store, np.flatnonzero(sources == domain), g)
-        row = {"domain": domain}
+        row = {"domain": domain, "outside_vocab": outside_share(drafter.draft_token_ids, store, np.flatnonzero(sources == domain))}
         for kind in ("greedy", "sampled"):
             acceptance = torch.tensor(measured[kind])
             row.update({f"{kind}_a{k + 1}": float(a) for k, a in enumerate(acceptance)})
@@ -77,6 +78,18 @@ def domain_acceptance(drafter: TargetBoundDrafter, store: FeatureStore) -> pd.Da
     table = pd.DataFrame(rows).set_index("domain")
     table.loc["mean"] = table.mean()
     return table
+
+
+def outside_share(draft_token_ids: torch.Tensor, store: FeatureStore, rows: np.ndarray) -> float:
+    """Share of the target's most likely next tokens at the span positions of ``rows`` that are not in
+    the draft vocabulary ``draft_token_ids`` (target ids)."""
+    vocab, outside, total = set(draft_token_ids.tolist()), 0, 0
+    for i in rows.tolist():
+        for start, end in store.sequences.spans[i]:
+            top = store.target_topk(i, np.arange(start - 1, end - 1))[0][:, 0].tolist()
+            outside += sum(t not in vocab for t in top)
+            total += len(top)
+    return outside / max(1, total)
 
 
 def evaluate_folder(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, per_benchmark: int = 24) -> pd.DataFrame:
