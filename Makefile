@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test bench bench-full bench-scheduled data train-drafters train-ablations train-quick clean-cache soak gpu-results
+.PHONY: setup run test bench bench-full bench-scheduled data data-build recipe train-drafters train-quick clean-cache soak gpu-results peers
 
 setup: $(STAMP)
 
@@ -43,40 +43,55 @@ test: setup
 soak: setup
 	DSPARK_SOAK=long $(BIN)/python -m pytest -q -s tests/test_soak.py
 
-# Self-distillation data: the target answers data/prompts/train.jsonl (resumable; about 2 h on 2 cores).
+# Training data. `data-build` writes the ShareGPT mix (data/prompts/distill.jsonl, conversations.json,
+# calibration.jsonl, mix.json; seconds). `data` has the target answer distill.jsonl in bfloat16 (resumable;
+# progress in data/distill/.../parts.jsonl, packed to responses-*.safetensors + meta.json; about 2 h here).
+data-build: setup
+	$(BIN)/dspark data build
+
 data: setup
 	$(BIN)/dspark data generate
 
-# The shipped drafters for the default target, block 7, on data/distill (1,632 sequences). Measured
-# here at 1 thread each (loss.csv steps_per_s): eagle 33 min, dspark-markov 21, dflash 19,
-# dspark-rnn 18, draft-lm 14; 1 h 45 min one after another, 55 min as two parallel lanes.
 DRAFTERS := data/drafters/smollm2-135m-instruct
-STEPS ?= 1500
-LM_STEPS ?= 250
-train-drafters: setup
-	$(BIN)/dspark train --drafter eagle --block 7 --steps $(STEPS) --out $(DRAFTERS)/eagle
-	$(BIN)/dspark train --drafter dflash --block 7 --steps $(STEPS) --out $(DRAFTERS)/dflash
-	$(BIN)/dspark train --drafter dspark --head markov --block 7 --steps $(STEPS) --out $(DRAFTERS)/dspark-markov
-	$(BIN)/dspark train --drafter dspark --head rnn --block 7 --steps $(STEPS) --out $(DRAFTERS)/dspark-rnn
-	$(BIN)/dspark train --drafter draft-lm --layers 4 --lm-width 192 --steps $(LM_STEPS) --out $(DRAFTERS)/draft-lm
+RECIPE := $(DRAFTERS)/recipe
 
-# Ablation drafters for notebook 04 (same data, steps and seed as the shipped ones; one change each):
-# CE-only loss for dflash and dspark-markov, then depth 2 and 3, then blocks 11 and 15. Measured here at
-# 1 thread beside other work: dflash-ce 15 min, dspark-markov-ce 24, -L2 29, -B11 26 (L3 and B15 not run
-# yet). Their weights are not committed (see .gitignore); config.json, loss.csv and train_meta.json are.
-ABLATIONS := $(DRAFTERS)/ablations
-train-ablations: setup
-	$(BIN)/dspark train --drafter dflash --block 7 --loss ce --steps $(STEPS) --out $(ABLATIONS)/dflash-ce
-	$(BIN)/dspark train --drafter dspark --head markov --block 7 --loss ce --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-ce
-	$(BIN)/dspark train --drafter dspark --head markov --block 7 --layers 2 --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-L2
-	$(BIN)/dspark train --drafter dspark --head markov --block 11 --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-B11
-	$(BIN)/dspark train --drafter dspark --head markov --block 7 --layers 3 --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-L3
-	$(BIN)/dspark train --drafter dspark --head markov --block 15 --steps $(STEPS) --out $(ABLATIONS)/dspark-markov-B15
+# The recipe, chosen on held-out acceptance (the selection set: the last 24 records of every evaluation
+# set, answered greedily by the target; `dspark heldout`). Each run changes one thing from `base`
+# (dspark-markov, 1 layer, features of layers 2 15 28, draft vocabulary 8192, CE on the text, random
+# init) on the same ~600k tokens; weights stay out of git, train_meta.json and selection.csv are kept.
+SWEEP_TOKENS ?= 600000
+SWEEP = $(BIN)/dspark train --max-tokens $(SWEEP_TOKENS) --bf16 --save-every 100000
+recipe: setup
+	$(SWEEP) --drafter dspark --out $(RECIPE)/base
+	$(SWEEP) --drafter dspark --layers 2 --out $(RECIPE)/layers2
+	$(SWEEP) --drafter dspark --layers 3 --out $(RECIPE)/layers3
+	$(SWEEP) --drafter dspark --init-from-target --out $(RECIPE)/init-target
+	$(SWEEP) --drafter dspark --layers 2 --init-from-target --out $(RECIPE)/layers2-init-target
+	$(SWEEP) --drafter dspark --feature-layers 2 9 15 22 28 --out $(RECIPE)/features5
+	$(SWEEP) --drafter dspark --ce-label argmax --out $(RECIPE)/ce-argmax
+	$(SWEEP) --drafter dspark --draft-vocab 16384 --out $(RECIPE)/vocab16k
+	$(SWEEP) --drafter dspark --sources fixed --out $(RECIPE)/fixed-only
+	$(SWEEP) --drafter dspark --sources distill --out $(RECIPE)/distill-only
+	$(SWEEP) --drafter dflash --loss ce --out $(RECIPE)/dflash-ce
+	$(SWEEP) --drafter dflash --out $(RECIPE)/dflash-dspark-loss
+	$(SWEEP) --drafter eagle --loss eagle3 --out $(RECIPE)/eagle-eagle3
+	$(SWEEP) --drafter eagle --out $(RECIPE)/eagle-dspark-loss
+	$(BIN)/dspark heldout $(RECIPE)/* --out data/results/recipe/heldout.csv
+
+# The shipped drafters for the default target, block 7, on about ten million tokens (every distilled
+# answer plus fixed-text conversations), with the recipe `make recipe` chose; weights in float8.
+FIXED_TOKENS ?= 7700000
+TRAIN = $(BIN)/dspark train --fixed-tokens $(FIXED_TOKENS) --bf16 --save-dtype float8 --save-every 500
+train-drafters: setup
+	$(TRAIN) --drafter dspark --head markov --selection --out $(DRAFTERS)/dspark-markov
+	$(TRAIN) --drafter dspark --head rnn --out $(DRAFTERS)/dspark-rnn
+	$(TRAIN) --drafter dflash --loss ce --out $(DRAFTERS)/dflash
+	$(TRAIN) --drafter eagle --loss eagle3 --out $(DRAFTERS)/eagle
+	$(TRAIN) --drafter draft-lm --layers 2 --lm-width 128 --save-dtype float8 --out $(DRAFTERS)/draft-lm
 
 # The quick recipe (a few minutes): a tiny dspark run on 32 sequences, like CI's smoke tests.
 train-quick: setup
-	$(BIN)/dspark train --drafter dspark --max-sequences 32 --steps 30 --batch-size 4 --blocks-per-seq 4 \
-		--save-every 30 --out /tmp/dspark-quick
+	$(BIN)/dspark train --drafter dspark --max-tokens 20000 --steps 30 --save-every 30 --out /tmp/dspark-quick
 
 # GPU results (notebook 06): target forward latency of random-weight models of the default target's shape,
 # Qwen3-4B and Qwen3-8B (R x n grid, eager and CUDA graphs) and dspark drafter costs (1-5 layers), in bfloat16,
@@ -86,6 +101,13 @@ GPU_PYTHON ?= python3
 GPU_OUT ?= data/results/gpu/$(shell date +%Y%m%d-%H%M%S)
 gpu-results:
 	$(GPU_PYTHON) -m dspark_core.eval.gpu_results --out $(GPU_OUT)
+
+# Optional peer (not part of CI): llama.cpp through llama-cpp-python, compiled from PyPI's source package
+# for `dspark bench --methods "llamacpp;llamacpp-lookup:10"`. A native build (-march=native) dies with
+# "Illegal instruction" on the project machines, so the build names its instruction sets instead.
+peers: setup
+	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON" \
+		$(BIN)/python -m pip install --no-cache-dir llama-cpp-python
 
 clean-cache:
 	rm -rf $${DSPARK_CACHE_DIR:-$$HOME/.cache/dspark}

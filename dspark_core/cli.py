@@ -177,7 +177,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
         ce_label=args.ce_label, init_from_target=args.init_from_target, epochs=args.epochs, steps=args.steps,
         tokens_per_step=args.tokens_per_step, lr=args.lr, warmup=args.warmup, val_fraction=args.val_fraction,
-        seed=args.seed, save_every=args.save_every, lm_width=args.lm_width, bf16=args.bf16,
+        seed=args.seed, save_every=args.save_every, lm_width=args.lm_width, bf16=args.bf16, save_dtype=args.save_dtype,
     )
     model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
     sequences = training_sequences(tokenizer, tuple(args.sources.split(",")), args.max_tokens, args.seed,
@@ -344,6 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--val-fraction", type=float, default=tc.val_fraction)
     trn.add_argument("--save-every", type=int, default=tc.save_every)
     trn.add_argument("--bf16", action="store_true", help="autocast the drafter's training to bfloat16")
+    trn.add_argument("--save-dtype", choices=["bfloat16", "float8"], default=tc.save_dtype,
+                     help="the shipped weights' dtype (float8: e4m3 with a scale per row, half of bfloat16's size)")
     trn.add_argument("--selection", action="store_true",
                      help="at every checkpoint, measure acceptance on the held-out selection set (selection-curve.csv)")
     trn.add_argument("--seed", type=int, default=tc.seed)
