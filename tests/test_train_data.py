@@ -395,7 +395,7 @@ def test_feature_store_is_reused_and_keyed(target, sequences, tmp_path, monkeypa
     def no_forward(*args, **kwargs):
         raise AssertionError("recomputed")
 
-    monkeypatch.setattr(features, "_forward", no_forward)
+    monkeypatch.setattr(features, "target_features", no_forward)
     again = features.build_feature_store(model, tokenizer, sequences, SPEC, root=tmp_path)
     assert again.folder == first.folder
     assert torch.equal(again.features(1), first.features(1))

@@ -119,7 +119,8 @@ def store_key(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sequen
 
 
 @torch.inference_mode()
-def _forward(model: PreTrainedModel, batch: list[np.ndarray], spec: FeatureSpec) -> list[tuple[torch.Tensor, ...]]:
+def target_features(model: PreTrainedModel, batch: list[np.ndarray],
+                    spec: FeatureSpec) -> list[tuple[torch.Tensor, ...]]:
     """Per sequence: (hidden [L, m, d], top-k ids [L, k], top-k probs [L, k]) from one right-padded forward."""
     width = max(len(s) for s in batch)
     ids = torch.zeros(len(batch), width, dtype=torch.long)
@@ -175,7 +176,7 @@ def build_feature_store(
                 batch = [order.pop(0)]
                 while order and (len(batch) + 1) * len(sequences.tokens[order[0]]) <= spec.tokens_per_forward:
                     batch.append(order.pop(0))
-                for i, (hidden, top_ids, top_probs) in zip(batch, _forward(model, [sequences.tokens[i] for i in batch], spec)):
+                for i, (hidden, top_ids, top_probs) in zip(batch, target_features(model, [sequences.tokens[i] for i in batch], spec)):
                     at = slice(int(store.start_of[i]), int(store.start_of[i]) + len(sequences.tokens[i]))
                     arrays["bits"][at], arrays["scales"][at] = quantize(hidden)
                     arrays["topk_ids"][at], arrays["topk_probs"][at] = top_ids.numpy(), top_probs.numpy()
