@@ -110,3 +110,40 @@ def test_rounds_record_times_and_counts(target, prompts, eos, plain_outputs):
     reached, accepted = result.position_counts(3)
     assert all(a <= r for a, r in zip(accepted, reached))
     assert reached[0] == sum(1 for r in result.rounds if r.verified >= 1)
+
+
+def test_round_parts_tile_the_generation(target, prompts, eos):
+    """A round's parts (draft, forward, probs, accept, cache, other) tile the decoding time without
+    gaps: with the prefill they add up to total_time, less only the recording of the last round."""
+    model, _ = target
+    result = speculative_generate(model, prompts[0], NgramDrafter(), FixedLength(3), max_new_tokens=24,
+                                  eos_token_ids=eos)
+    for r in result.rounds:
+        assert r.forward_time > 0 and r.probs_time > 0 and r.accept_time > 0 and r.cache_time > 0
+        assert r.verify_time == pytest.approx(r.forward_time + r.probs_time + r.accept_time + r.cache_time)
+    covered = sum(result.time_split().values())
+    assert covered <= result.total_time < covered + 0.02 * result.total_time + 5e-3
+
+
+@pytest.mark.parametrize("drafter_name", ["none", "ngram", "oracle"])
+def test_static_kv_cache_gives_plain_greedy(target, prompts, eos, plain_outputs, drafter_name):
+    """The pre-allocated cache (written in place, rolled back by moving its write position) decodes
+    exactly what the dynamic one does, plain decoding included."""
+    model, _ = target
+    for prompt, plain in zip(prompts[:2], plain_outputs[:2]):
+        drafter = {"none": None, "ngram": NgramDrafter(), "oracle": OracleDrafter(plain)}[drafter_name]
+        result = speculative_generate(model, prompt, drafter, FixedLength(5) if drafter else None,
+                                      max_new_tokens=MAX_NEW, eos_token_ids=eos, kv_cache="static")
+        assert result.tokens == plain
+
+
+def test_static_kv_cache_refuses_more_than_it_holds(target, prompts):
+    model, _ = target
+    session = CausalLMSession(model, kv_cache="static", max_length=4)
+    session.forward([1, 2, 3])
+    session.rollback(1)
+    assert session.length == 1
+    with pytest.raises(ValueError, match="holds 4 tokens"):
+        session.forward([4, 5, 6, 7])
+    with pytest.raises(ValueError, match="max_length"):
+        CausalLMSession(model, kv_cache="static")

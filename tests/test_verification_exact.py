@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dspark_core import SamplingConfig, verify_chain
+from dspark_core import SamplingConfig, probs_from_logits, verify_chain
 from dspark_core.core.verification import acceptance_probability, residual
 
 from .toy import law_errors, tables
@@ -82,3 +82,27 @@ def test_shape_and_rule_errors():
         verify_chain(torch.tensor([1]), torch.eye(3)[[1]], torch.eye(3)[[1]])
     with pytest.raises(ValueError, match="unknown acceptance rule"):
         verify_chain(torch.tensor([1]), torch.eye(3)[[1]], torch.eye(3)[[1, 2]], rule="typical")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_verify_greedy_equals_the_exact_rule_on_one_hot_rows(seed):
+    """The greedy path (argmax ids, one vectorised comparison) gives verify_chain's verdict on the
+    one-hot rows: ties go to the lowest id, a token with q = 0 is rejected even when it is the argmax,
+    EOS and the length limit cut. Drafts agree with the argmax at most positions, so long accepted
+    prefixes, rejections at every position and q = 0 argmax tokens all occur over the seeds."""
+    from dspark_core.core.verification import verify_greedy
+
+    gen = torch.Generator().manual_seed(seed)
+    vocab, length = 6, 4
+    logits = torch.randint(0, 3, (length + 1, vocab), generator=gen).float()  # coarse values: many ties
+    target = probs_from_logits(logits, SamplingConfig(0.0))
+    argmax = logits.argmax(-1)
+    guess = torch.randint(0, vocab, (length,), generator=gen)
+    drafts = torch.where(torch.rand(length, generator=gen) < 0.7, argmax[:length], guess)
+    q = torch.softmax(torch.randn(length, vocab, generator=gen), -1)
+    q = q * (torch.rand(length, vocab, generator=gen) > 0.25)  # some drafted tokens have q = 0
+    q = q / q.sum(-1, keepdim=True).clamp_min(1e-9)
+    for eos, max_tokens in [((), None), ((int(argmax[1]),), None), ((), 2)]:
+        expected = verify_chain(drafts, q, target, torch.Generator().manual_seed(seed), eos_token_ids=eos,
+                                max_tokens=max_tokens)
+        assert verify_greedy(drafts, q, argmax, eos_token_ids=eos, max_tokens=max_tokens) == expected

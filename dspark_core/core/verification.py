@@ -10,7 +10,7 @@ Exact rule (Leviathan et al. 2023; Chen et al. 2023), left to right over draft t
 Each emitted token is then distributed exactly as the target's. A one-hot ``q`` (argmax or
 n-gram drafts) is a special case: accept with probability ``p_k(x_k)``, else sample from ``p_k``
 with ``x_k`` removed. Under greedy decoding ``p`` is one-hot too and the rule reduces to "accept
-while the draft equals the target's argmax".
+while the draft equals the target's argmax" (:func:`verify_greedy`, which needs only the argmax ids).
 """
 
 from __future__ import annotations
@@ -66,18 +66,51 @@ def verify_chain(
     if rule not in ("exact", "lossy-threshold"):
         raise ValueError(f"unknown acceptance rule {rule!r}; use 'exact' or 'lossy-threshold'")
     uniforms = torch.rand(num_draft, generator=generator, device=target_probs.device)
-    tokens = draft_tokens.tolist()
-    accepted = 0
-    for k, token in enumerate(tokens):
-        if not uniforms[k] < acceptance_probability(target_probs[k, token], draft_probs[k, token], rule, threshold):
-            break
-        accepted += 1
+    draft_tokens = draft_tokens.to(target_probs.device)
+    rows = torch.arange(num_draft, device=target_probs.device)
+    chances = acceptance_probability(target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens], rule, threshold)
+    accepted = _leading_true(uniforms < chances)
     if accepted < num_draft:
         fallback = rejection_distribution(target_probs[accepted], draft_probs[accepted], rule)
     else:
         fallback = target_probs[num_draft]
     next_token = int(sample(fallback, generator))
-    return _cut(tokens[:accepted] + [next_token], accepted, eos_token_ids, max_tokens)
+    return _cut(draft_tokens[:accepted].tolist() + [next_token], accepted, eos_token_ids, max_tokens)
+
+
+def verify_greedy(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_tokens: torch.Tensor,
+    *,
+    eos_token_ids: tuple[int, ...] = (),
+    max_tokens: int | None = None,
+) -> Verdict:
+    """The exact rule when the target is greedy, read from its argmax ids instead of one-hot rows.
+
+    draft_tokens:  [l] token ids.
+    draft_probs:   [l, V] the distributions the draft tokens were sampled from.
+    target_tokens: [l + 1] the target's argmax at each position (p_k is one-hot on it).
+
+    With a one-hot ``p_k`` the exact rule accepts ``x_k`` with probability 1 when ``x_k`` is the
+    argmax and ``q_k(x_k) > 0``, and 0 otherwise; the residual ``norm(max(0, p_k - q_k))`` of a
+    one-hot ``p_k`` is that same one-hot (or all zero, when it falls back to ``p_k``), so the token
+    after the accepted prefix is always the target's argmax. One vectorised comparison gives the
+    same verdict as :func:`verify_chain` on the one-hot rows, and draws no random numbers.
+    """
+    num_draft = draft_tokens.shape[0]
+    if target_tokens.shape[0] != num_draft + 1:
+        raise ValueError(f"target_tokens needs {num_draft + 1} ids for {num_draft} draft tokens, got {target_tokens.shape[0]}")
+    rows = torch.arange(num_draft, device=draft_probs.device)
+    drafted_mass = draft_probs[rows, draft_tokens.to(draft_probs.device)].cpu()
+    accepted = _leading_true((draft_tokens.cpu() == target_tokens[:num_draft].cpu()) & (drafted_mass > 0))
+    tokens = draft_tokens[:accepted].tolist() + [int(target_tokens[accepted])]
+    return _cut(tokens, accepted, eos_token_ids, max_tokens)
+
+
+def _leading_true(flags: torch.Tensor) -> int:
+    """Length of the leading run of True in a 1-D bool tensor (the accepted prefix)."""
+    return int(flags.int().cumprod(0).sum())
 
 
 def acceptance_probability(

@@ -16,7 +16,6 @@ slots the longest live request needs and more than ``COMPACT_MIN_SLOTS``: betwee
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -25,7 +24,7 @@ from transformers import DynamicCache, PreTrainedModel
 from ..core.limits import check_block, check_context
 from ..core.rounds import Draft, DraftContext, Drafter, GenerationResult
 from ..core.sampling import SamplingConfig
-from .loop import commit_round, verify_round
+from .loop import Stopwatch, commit_round, verify_round
 from .policies import VerificationPolicy, verify_lengths, worth_drafting
 
 COMPACT_MIN_SLOTS = 64  # a cache this small is never compacted (copying would cost more than the holes)
@@ -204,7 +203,7 @@ class BatchedEngine:
     def step(self) -> None:
         """One round for every active request (admitting waiting ones first)."""
         self._admit()
-        t0 = time.perf_counter()
+        watch = Stopwatch()
         drafts, budgets = [], []
         drafting = self.policy.max_draft > 0 and worth_drafting(self.policy, len(self.active))
         for request in self.active:
@@ -217,17 +216,20 @@ class BatchedEngine:
             drafts.append(draft)
             budgets.append(budget)
         lengths = verify_lengths(self.policy, drafts, budgets)
-        t1 = time.perf_counter()
+        watch.lap("draft")
         inputs = [[r.tokens[-1]] + d.tokens[:n].tolist() for r, d, n in zip(self.active, drafts, lengths)]
         logits, features = self.kv.forward(inputs, [len(r.tokens) - 1 for r in self.active], self.feature_layers)
+        watch.lap("forward")
+        shared = watch.take()  # drafting and the forward serve the whole batch
         for row, (request, draft, length) in enumerate(zip(self.active, drafts, lengths)):
             verdict = verify_round(draft, length, logits[row], self.sampling, request.generator, self.eos_token_ids,
-                                   request.max_new_tokens - len(request.result.tokens))
+                                   request.max_new_tokens - len(request.result.tokens), lap=watch.lap)
             self.kv.keep(row, 1 + verdict.accepted)
             if features[row] is not None:
                 request.new_features = _append(request.new_features, features[row][: verdict.accepted + 1])
+            watch.lap("cache")
             request.finished = verdict.finished
-            commit_round(request.result, request.tokens, draft, length, verdict, t1 - t0, time.perf_counter() - t1)
+            commit_round(request.result, request.tokens, draft, length, verdict, {**shared, **watch.take()})
             self.budgets.append(length)
         self.rounds += 1
         keep = [i for i, r in enumerate(self.active) if not r.finished]

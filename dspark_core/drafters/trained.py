@@ -70,10 +70,16 @@ def _bind(drafter: TargetBoundDrafter, model: PreTrainedModel, tokenizer: PreTra
 def _draft_from_logits(
     drafter: TargetBoundDrafter, logits: torch.Tensor, sampling: SamplingConfig, generator, vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token from draft-vocabulary logits [Vd]; returns (target id, q over the target vocabulary [V])."""
-    q = probs_from_logits(logits, sampling)
-    index = q.argmax() if sampling.greedy else sample(q, generator)  # greedy q is one-hot: no draw needed
-    return drafter.draft_token_ids[index], torch.zeros(vocab_size, device=q.device).index_copy_(0, drafter.draft_token_ids, q)
+    """Draw one token from draft-vocabulary logits [Vd]; returns (target id, q over the target vocabulary [V]).
+
+    Greedy needs only the argmax (lowest index on ties, as :func:`probs_from_logits`), and q is one-hot
+    on it; otherwise q is the processed distribution, mapped onto the target's ids (0 outside the draft vocabulary)."""
+    q = torch.zeros(vocab_size, device=logits.device)
+    if sampling.greedy:
+        token = drafter.draft_token_ids[logits.argmax()]
+        return token, q.index_fill_(0, token.view(1), 1.0)
+    probs = probs_from_logits(logits, sampling)
+    return drafter.draft_token_ids[sample(probs, generator)], q.index_copy_(0, drafter.draft_token_ids, probs)
 
 
 class _ServedDrafter:
