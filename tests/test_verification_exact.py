@@ -19,23 +19,32 @@ CONFIGS = {
 }
 
 
-def errors(rule: str, gamma: int, sampling: SamplingConfig, one_hot_draft: bool, seed: int) -> tuple[float, float]:
+TARGET_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def errors(rule: str, gamma: int, sampling: SamplingConfig, one_hot_draft: bool, seed: int,
+           target_dtype: torch.dtype | None = None) -> tuple[float, float]:
     """Max absolute error and total-variation distance between the output and target joint over gamma + 1 tokens."""
-    return law_errors(*tables(VOCAB, sampling, seed, one_hot_draft), gamma, rule)
+    return law_errors(*tables(VOCAB, sampling, seed, one_hot_draft, target_dtype=target_dtype), gamma, rule)
 
 
+@pytest.mark.parametrize("target_dtype", TARGET_DTYPES)
 @pytest.mark.parametrize("name", CONFIGS)
 @pytest.mark.parametrize("gamma", [1, 3])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_output_distribution_equals_target(name, gamma, seed):
+def test_output_distribution_equals_target(name, gamma, seed, target_dtype):
+    """Exact with respect to the target as it runs: its logits rounded through its dtype (bfloat16
+    coarsens them to 8 significant bits and makes ties) give the distribution p the rule reproduces."""
     sampling, one_hot_draft = CONFIGS[name]
-    assert errors("exact", gamma, sampling, one_hot_draft, seed)[0] < 1e-6
+    assert errors("exact", gamma, sampling, one_hot_draft, seed, TARGET_DTYPES[target_dtype])[0] < 1e-6
 
 
+@pytest.mark.parametrize("target_dtype", TARGET_DTYPES)
 @pytest.mark.parametrize("gamma", [1, 3])
-def test_lossy_threshold_rule_is_not_lossless(gamma):
+def test_lossy_threshold_rule_is_not_lossless(gamma, target_dtype):
     """Negative control: the tutorial rule changes the distribution, and the check above sees it."""
-    max_abs, tv = errors("lossy-threshold", gamma, SamplingConfig(1.0), False, seed=0)
+    max_abs, tv = errors("lossy-threshold", gamma, SamplingConfig(1.0), False, seed=0,
+                         target_dtype=TARGET_DTYPES[target_dtype])
     assert max_abs > 1e-3 and tv > 1e-2  # the exact rule is below 1e-6 on the same check
 
 

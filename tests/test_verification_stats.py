@@ -8,7 +8,8 @@ Test: Pearson chi-square goodness of fit on N = 20,000 samples (seeded), cells w
 < 5 pooled. The correct rule must give p-value > 1e-3; the negative control (the residual replaced
 by ``p``, "forgetting the residual") must give p-value < 1e-6. Zero-probability cells (top-k/top-p)
 must stay empty. Total variation to the target is reported too and must be < 0.03 (its sampling
-noise at this N is about 0.015).
+noise at this N is about 0.015). Both dtypes a target runs in: its logits are rounded through float32
+or bfloat16 before ``probs_from_logits``, and the sampled output must follow that target exactly.
 """
 
 import numpy as np
@@ -24,8 +25,12 @@ from .toy import tables, target_joint
 VOCAB, GAMMA, LENGTH, N = 4, 3, 3, 20_000
 
 
-def sample_histogram(sampling: SamplingConfig, one_hot_draft: bool, seed: int) -> tuple[dict, dict]:
-    target, draft = tables(VOCAB, sampling, seed, one_hot_draft, dtype=torch.float32)
+TARGET_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def sample_histogram(sampling: SamplingConfig, one_hot_draft: bool, seed: int,
+                     target_dtype: torch.dtype = torch.float32) -> tuple[dict, dict]:
+    target, draft = tables(VOCAB, sampling, seed, one_hot_draft, dtype=torch.float32, target_dtype=target_dtype)
     gen = torch.Generator().manual_seed(seed)
     counts: dict[tuple[int, ...], int] = {}
     for _ in range(N):
@@ -68,18 +73,20 @@ CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("target_dtype", TARGET_DTYPES)
 @pytest.mark.parametrize("name", CONFIGS)
-def test_sampled_output_matches_target(name):
-    counts, joint = sample_histogram(*CONFIGS[name], seed=11)
+def test_sampled_output_matches_target(name, target_dtype):
+    counts, joint = sample_histogram(*CONFIGS[name], seed=11, target_dtype=TARGET_DTYPES[target_dtype])
     pvalue, tv = goodness_of_fit(counts, joint)
     assert pvalue > 1e-3, f"{name}: chi-square p = {pvalue:.2e}, TV = {tv:.4f}"
     assert tv < 0.03
 
 
+@pytest.mark.parametrize("target_dtype", TARGET_DTYPES)
 @pytest.mark.parametrize("name", ["temperature 1", "one-hot draft"])
-def test_forgetting_the_residual_is_detected(name, monkeypatch):
+def test_forgetting_the_residual_is_detected(name, target_dtype, monkeypatch):
     """Negative control: resampling from p instead of the residual must fail the same test."""
     monkeypatch.setattr(verification, "residual", lambda p, q: p)
-    counts, joint = sample_histogram(*CONFIGS[name], seed=11)
+    counts, joint = sample_histogram(*CONFIGS[name], seed=11, target_dtype=TARGET_DTYPES[target_dtype])
     pvalue, tv = goodness_of_fit(counts, joint)
     assert pvalue < 1e-6, f"{name}: the wrong rule passed (p = {pvalue:.2e}, TV = {tv:.4f})"

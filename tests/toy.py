@@ -16,11 +16,16 @@ from dspark_core import SamplingConfig, probs_from_logits
 from dspark_core.core.verification import acceptance_probability, rejection_distribution
 
 
-def tables(vocab: int, sampling: SamplingConfig, seed: int, one_hot_draft: bool = False, dtype=torch.float64):
-    """Target and draft transition tables ``[V, V]`` (rows are distributions) from seeded random logits."""
+def tables(vocab: int, sampling: SamplingConfig, seed: int, one_hot_draft: bool = False, dtype=torch.float64,
+           target_dtype: torch.dtype | None = None):
+    """Target and draft transition tables ``[V, V]`` (rows are distributions) from seeded random logits.
+    ``target_dtype``: round the target's logits through the dtype the target runs in (float32,
+    bfloat16) before ``probs_from_logits``, as a target in that dtype hands them to the verifier."""
     gen = torch.Generator().manual_seed(seed)
     target_logits = torch.randn(vocab, vocab, generator=gen, dtype=dtype) * 1.5
     draft_logits = torch.randn(vocab, vocab, generator=gen, dtype=dtype) * 1.5
+    if target_dtype is not None:
+        target_logits = target_logits.to(target_dtype)
     return tables_from_logits(target_logits, draft_logits, sampling, one_hot_draft, dtype)
 
 
