@@ -15,9 +15,14 @@ import torch
 from .core.prompts import load_prompt_set
 from .core.rounds import GenerationResult
 from .core.sampling import SamplingConfig
-from .core.target import DEFAULT_TARGET, encode_prompt, eos_token_ids, load_target
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from .core.target import (
+    DEFAULT_TARGET,
+    DTYPES,
+    dtype_name,
+    encode_prompt,
+    eos_token_ids,
+    load_target,
+)
 from .decode.loop import autoregressive_generate, speculative_generate
 from .decode.policies import FixedLength
 from .drafters.registry import DRAFTER_NAMES, build_drafter
@@ -40,6 +45,25 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                        help="the target's dtype; auto: the fastest in this machine's cost profile (`dspark profile`), "
+                             "else bfloat16 where the CPU or GPU computes it natively, else float32")
+
+
+def _serving_dtype(name: str, device: str) -> torch.dtype:
+    """The torch dtype of ``--dtype``; ``auto`` is resolved (and says why) by :func:`serving_dtype`."""
+    if name != "auto":
+        return DTYPES[name]
+    from .decode.profile import serving_dtype
+
+    chosen, why = serving_dtype(device)
+    print(f"dtype: {chosen} ({why})", file=sys.stderr)
+    return DTYPES[chosen]
+
+
+def _dtype_name(name: str, device: str) -> str:
+    """A dtype name, ``auto`` resolved."""
+    return dtype_name(_serving_dtype(name, device))
 
 
 def _print_rounds(result: GenerationResult, gamma: int) -> None:
@@ -49,16 +73,17 @@ def _print_rounds(result: GenerationResult, gamma: int) -> None:
         reached, accepted = result.position_counts(gamma)
         cond = "  ".join(f"{k + 1}:{a}/{r}" for k, (r, a) in enumerate(zip(reached, accepted)) if r)
         print(f"conditional acceptance per position (accepted/reached): {cond}")
-    draft = sum(r.draft_time for r in result.rounds)
-    verify = sum(r.verify_time for r in result.rounds)
-    print(f"time: prefill {result.prefill_time:.3f}s  draft {draft:.3f}s  verify {verify:.3f}s  total {result.total_time:.3f}s")
+    split = result.time_split()
+    parts = "  ".join(f"{part} {seconds:.3f}s" for part, seconds in split.items())
+    outside = 1 - split["forward"] / max(1e-12, sum(split.values()) - split["prefill"])
+    print(f"time: {parts}  total {result.total_time:.3f}s ({outside:.1%} of the rounds outside the target's forward)")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     if args.drafter not in DRAFTER_NAMES:
         raise ValueError(f"Unknown drafter {args.drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}.")
-    model, tokenizer = load_target(args.model, device=args.device)
+    model, tokenizer = load_target(args.model, dtype=_serving_dtype(args.dtype, args.device), device=args.device)
     prompt = encode_prompt(tokenizer, args.prompt)
     kwargs = dict(sampling=sampling, max_new_tokens=args.max_new_tokens, seed=args.seed,
                   eos_token_ids=eos_token_ids(model, tokenizer))
@@ -71,6 +96,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
 
 def cmd_bench(args: argparse.Namespace) -> None:
     overrides = {f.name: getattr(args, f.name) for f in fields(BenchSettings) if getattr(args, f.name, None) is not None}
+    if "dtypes" in overrides:
+        overrides["dtypes"] = tuple(dict.fromkeys(_dtype_name(d, args.device) for d in overrides["dtypes"]))
     settings = replace(PROFILES[args.profile], **overrides)
     out = Path(args.out or RESULTS_DIR / f"bench-{args.profile}")
     if args.fresh and out.exists():
@@ -84,12 +111,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from .decode.profile import default_profile_path, measure_profile
+    from .decode.profile import default_profile_path
     from .decode.shapes import get_shape
     from .eval.gpu_results import profile_shape, resolve_dtype
 
     tokens = tuple(args.tokens or range(1, args.max_tokens + 1))
     command = "dspark " + " ".join(sys.argv[1:])
+    if args.round_split:
+        _round_split(args)
+        return
     if args.shape:  # a random-weight target of a named shape: no weights needed, timing only
         (profile,) = profile_shape(get_shape(args.shape), args.device, resolve_dtype(args.dtype, args.device),
                                    tuple(args.requests), tokens, args.context, args.repeats, (args.mode,),
@@ -97,17 +127,59 @@ def cmd_profile(args: argparse.Namespace) -> None:
     elif args.draft_layers:
         raise SystemExit("--draft-layers sizes a drafter from a target shape: pass --shape too (e.g. smollm2-135m).")
     else:
-        model, _ = load_target(args.model, device=args.device)
-        profile = measure_profile(model, tuple(args.requests), context=args.context, repeats=args.repeats,
-                                  tokens=tokens, mode=args.mode, meta={"command": command, "model": args.model})
+        profile = _profile_dtypes(args, tokens, command)
     path = profile.save(Path(args.out) if args.out else default_profile_path(args.device))
-    print(f"target forward steps per second ({profile.meta['mode']}; rows: requests R, columns: new tokens n = "
-          f"{' '.join(map(str, profile.token_counts()))})")
-    for rows, curve in profile.steps.items():
-        print(f"R={rows:>3}: " + " ".join(f"{s:7.2f}" for s in curve))
+    for name in sorted(profile.by_dtype or {profile.meta["dtype"]: None}):
+        curves = profile.for_dtype(name)
+        print(f"target forward steps per second, {name} ({profile.meta['mode']}; rows: requests R, columns: new "
+              f"tokens n = {' '.join(map(str, profile.token_counts()))})")
+        for rows, curve in curves.steps.items():
+            print(f"R={rows:>3}: " + " ".join(f"{s:7.2f}" for s in curve))
+    if profile.fastest_dtype:
+        rule = profile.meta["fastest_dtype"]
+        print(f"fastest for speculative decoding: {profile.fastest_dtype} (expected ms per token at acceptance "
+              f"{rule['acceptance']} a position, drafting free: "
+              + ", ".join(f"{d} {1000 * t:.2f}" for d, t in rule["seconds_per_token"].items()) + ")")
     for layers, table in (profile.draft or {}).items():
         print(f"draft ms per round, {layers} layer(s): " + " ".join(f"R={r}:{1000 * s:.2f}" for r, s in table.items()))
     print(f"saved to {path}")
+
+
+def _profile_dtypes(args: argparse.Namespace, tokens: tuple[int, ...], command: str):
+    """The default (or named) target's profile in every dtype of ``--dtypes``, measured interleaved."""
+    from .decode.profile import combine_dtypes, measure_profiles
+
+    models = _targets_in(args.dtypes, args.model, args.device)
+    profiles = measure_profiles(list(models.values()), tuple(args.requests), context=args.context, repeats=args.repeats,
+                                tokens=tokens, mode=args.mode, meta={"command": command, "model": args.model})
+    return combine_dtypes(profiles)
+
+
+def _targets_in(dtypes: tuple[str, ...], model: str, device: str) -> dict:
+    """The target in each dtype, cast from one float32 load."""
+    import copy
+
+    reference, _ = load_target(model, device=device)
+    return {name: reference if name == "float32" else copy.deepcopy(reference).to(DTYPES[name]) for name in dtypes}
+
+
+def _round_split(args: argparse.Namespace) -> None:
+    """``dspark profile --round-split``: where a round's time goes, dynamic against static KV cache."""
+    from .core.prompts import first_turn_messages
+    from .core.provenance import timestamp
+    from .eval.bench import BENCHMARKS, RESULTS_DIR, benchmark_path
+    from .eval.lean_round import measure_round_split, summarize_round_split
+
+    models = _targets_in(args.dtypes, args.model, args.device)
+    _, tokenizer = load_target(args.model, device=args.device)
+    prompts = [encode_prompt(tokenizer, first_turn_messages(load_prompt_set(benchmark_path(name))[0]))
+               for name in BENCHMARKS]
+    rows = measure_round_split(models, tokenizer, prompts, args.gamma, args.max_new_tokens_split, args.repeats)
+    out = Path(args.out) if args.out else RESULTS_DIR / f"round-split-{timestamp()}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rows.to_csv(out, index=False)
+    print(summarize_round_split(rows).to_string())
+    print(f"rows: {out}")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
@@ -237,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"comma-separated names in data/prompts/ or JSONL paths (default: {','.join(BENCHMARKS)})")
     bench.add_argument("--methods", default=None,
                        help="'name[=folder][:gammas];...', e.g. 'ngram:3,7;dspark-markov:7;dflash=runs/x:7;hf-assisted' "
-                            "(plain decoding always runs)")
+                            "(plain decoding always runs); llamacpp and llamacpp-lookup[:G] need `make peers`")
     bench.add_argument("--temperatures", type=lambda s: tuple(float(t) for t in s.split(",")), default=None,
                        help="comma-separated, e.g. 0,1 (0 is greedy)")
     bench.add_argument("--n-prompts", type=int, default=None, help="first N records of each benchmark")
@@ -246,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--top-k", type=int, default=None)
     bench.add_argument("--top-p", type=float, default=None)
     bench.add_argument("--model", default=None, help="target: the embedded default, a hub id or a folder")
+    bench.add_argument("--dtypes", type=lambda s: tuple(s.split(",")), default=None,
+                       help=f"the target's dtypes, each running plain decoding and every method (default: "
+                            f"{','.join(DTYPES)}); auto names the serving default (see generate --dtype)")
     bench.add_argument("--device", default="cpu")
     bench.add_argument("--out", default=None, help="run folder (default data/results/bench-<profile>); "
                                                  "re-running resumes it")
@@ -261,13 +336,23 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--mode", choices=["eager", "static", "graphs"], default="eager",
                       help="dynamic cache, static cache, or static cache + CUDA graphs (CUDA only)")
     prof.add_argument("--dtype", default="auto", help="with --shape: auto (bfloat16 on CUDA, float32 on a CPU), bfloat16, ...")
+    prof.add_argument("--dtypes", type=lambda s: tuple(s.split(",")), default=tuple(DTYPES),
+                      help="without --shape: the target's dtypes, measured interleaved; the profile records the "
+                           "fastest for speculative decoding, which `--dtype auto` serves in (default: all of them)")
+    prof.add_argument("--round-split", action="store_true",
+                      help="instead: decode one prompt of each benchmark with plain decoding, the oracle and "
+                           "dspark-markov in each of --dtypes, with the dynamic and the pre-allocated KV cache, "
+                           "interleaved (--repeats times), and print where a round's time goes")
+    prof.add_argument("--gamma", type=int, default=7, help="with --round-split: the block length")
+    prof.add_argument("--max-new-tokens-split", type=int, default=64, help="with --round-split: new tokens per run")
     prof.add_argument("--draft-layers", type=int, nargs="*", default=[], help="with --shape: also time dspark drafters this deep")
     prof.add_argument("--block", type=int, default=7, help="with --draft-layers: tokens drafted per round")
     prof.add_argument("--context", type=int, default=128, help="cached tokens per request")
     prof.add_argument("--repeats", type=int, default=5, help="timed forwards per shape (median)")
     prof.add_argument("--model", default=DEFAULT_TARGET)
     prof.add_argument("--device", default="cpu")
-    prof.add_argument("--out", default=None, help="JSON path (default: $DSPARK_CACHE_DIR/profiles/<host>-<device>.json)")
+    prof.add_argument("--out", default=None, help="JSON path (default: $DSPARK_CACHE_DIR/profiles/<host>-<device>.json); "
+                      "with --round-split a CSV (default data/results/round-split-<stamp>.csv)")
     prof.set_defaults(func=cmd_profile)
 
     held = sub.add_parser("heldout", help="acceptance of trained drafters on the held-out selection set (no decoding)")

@@ -3,6 +3,7 @@
 import json
 
 import pandas as pd
+import pytest
 
 from dspark_core.cli import main
 
@@ -22,7 +23,7 @@ def test_generate_oracle(capsys):
 
 BENCH = ["bench", "--benchmarks", "smoke", "--n-prompts", "2", "--methods",
          "ngram:3;oracle:3;hf-prompt-lookup:3;dspark-markov:hw3",
-         "--temperatures", "0", "--max-new-tokens", "12"]
+         "--temperatures", "0", "--max-new-tokens", "12", "--dtypes", "float32"]
 
 
 def test_bench_writes_rows_resumes_and_refuses_other_settings(tmp_path, capsys):
@@ -35,7 +36,7 @@ def test_bench_writes_rows_resumes_and_refuses_other_settings(tmp_path, capsys):
     assert len(profile["steps"]["1"]) == 4
     assert (rows.loc[rows["method"] == "oracle@3", "acceptance_rate"] == 1.0).all()
     assert json.loads((out / "settings.json").read_text())["machine"]["git_commit"]
-    assert "speedup per domain" in capsys.readouterr().out
+    assert "speedup over plain decoding in the same dtype" in capsys.readouterr().out
 
     # An interrupted run: drop the second prompt's rows; re-running measures only what is missing.
     first = rows[rows["prompt_id"] == rows["prompt_id"].iloc[0]]
@@ -46,8 +47,36 @@ def test_bench_writes_rows_resumes_and_refuses_other_settings(tmp_path, capsys):
     assert json.loads((out / "cost-profile.json").read_text()) == profile  # reused, not re-measured
     assert (resumed.groupby("method")["prompt_id"].nunique() == 2).all()
 
-    assert main(BENCH[:-1] + ["16", "--out", str(out)]) == 2
+    assert main(BENCH[:-3] + ["16", "--dtypes", "float32", "--out", str(out)]) == 2
     assert "holds a run with other settings" in capsys.readouterr().err
+
+
+def test_bench_in_both_dtypes_reports_both_baselines_and_the_round_split(tmp_path, capsys):
+    """Every method and plain decoding run in float32 and bfloat16; each row's speedup is against plain
+    decoding in its own dtype, and speedup_vs_fastest_plain against the fastest plain decoding of that
+    turn in any dtype (hf-generate included), which it names; our methods split their rounds' time."""
+    out = tmp_path / "run"
+    spec = ["bench", "--benchmarks", "smoke", "--n-prompts", "1", "--methods", "ngram:3;dspark-markov:hw3;hf-generate",
+            "--temperatures", "0", "--max-new-tokens", "12", "--dtypes", "float32,bfloat16", "--out", str(out)]
+    assert main(spec) == 0
+    printed = capsys.readouterr().out
+    assert "speedup over the fastest plain decoding in any dtype" in printed and "where a round's time goes" in printed
+    rows = pd.read_csv(out / "rows.csv")
+    assert len(rows) == 8 and set(rows["dtype"]) == {"float32", "bfloat16"}
+    for dtype, part in rows.groupby("dtype"):
+        plain = part.loc[part["method"] == "plain", "tokens_per_s"].item()
+        assert (part["speedup"] - part["tokens_per_s"] / plain).abs().max() < 1e-9
+    plains = rows[rows["family"].isin(["plain", "hf-generate"])]
+    fastest = plains.loc[plains["tokens_per_s"].idxmax()]
+    assert (rows["fastest_plain"] == f"{fastest['method']}/{fastest['dtype']}").all()
+    assert (rows["speedup_vs_fastest_plain"] - rows["tokens_per_s"] / fastest["tokens_per_s"]).abs().max() < 1e-9
+    assert plains["speedup_vs_fastest_plain"].max() == pytest.approx(1.0)
+    ours = rows[rows["family"].isin(["plain", "ngram", "dspark-markov"])]
+    assert ours["outside_forward_share"].between(0, 1).all() and (ours["forward_time"] > 0).all()
+    assert rows.loc[rows["family"] == "hf-generate", "forward_time"].isna().all()
+    assert rows.loc[rows["dtype"] == "float32", "same_as_plain"].all()
+    profile = json.loads((out / "cost-profile.json").read_text())
+    assert set(profile["by_dtype"]) == {"float32", "bfloat16"} and profile["fastest_dtype"] in profile["by_dtype"]
 
 
 def test_calibrate_writes_sts_beside_the_drafter(tmp_path, capsys):

@@ -21,7 +21,7 @@ from dspark_core.core.jsonl import (
 from dspark_core.eval.bench import KEY, _finished_turns
 
 BENCH = ["bench", "--benchmarks", "smoke", "--n-prompts", "2", "--methods", "ngram:3;ngram:5;oracle:3",
-         "--temperatures", "0", "--max-new-tokens", "8"]
+         "--temperatures", "0", "--max-new-tokens", "8", "--dtypes", "float32"]
 PER_TURN = 4  # plain and three methods
 
 

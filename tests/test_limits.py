@@ -79,7 +79,7 @@ def test_bench_skips_over_long_turns_and_refuses_a_gamma_beyond_the_block(tmp_pa
     ]))
     out = tmp_path / "run"
     bench = ["bench", "--benchmarks", str(prompts), "--n-prompts", "2", "--methods", "ngram:3", "--temperatures", "0",
-             "--max-new-tokens", "8", "--out", str(out)]
+             "--max-new-tokens", "8", "--dtypes", "float32", "--out", str(out)]
     for _ in range(2):  # the rerun resumes: nothing measured or skipped twice
         assert main(bench) == 0
         rows = pd.read_csv(out / "rows.csv")

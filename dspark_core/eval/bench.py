@@ -10,16 +10,30 @@ again). A turn whose prompt plus ``max_new_tokens`` does not fit the target's co
 not measured: it goes to ``<out>/skipped.jsonl`` with the reason. Speedup is the median over
 prompts of the per-prompt throughput ratio ``(method tok/s) / (plain tok/s)``.
 
+Dtypes (``dtypes``): the target runs in each listed dtype (float32, bfloat16), and so do plain
+decoding and every method, the order of the dtypes rotating from turn to turn. Every row carries two
+ratios: ``speedup`` against plain decoding in its own dtype, and ``speedup_vs_fastest_plain`` against
+the fastest plain decoding measured on that turn in any dtype (ours or ``hf-generate``), so a slow
+baseline never inflates a ratio. A row of one of our methods also splits its rounds' time into their
+parts (drafting, the target forward, the target's probabilities, the acceptance walk, the KV cache,
+bookkeeping; :class:`~dspark_core.core.rounds.RoundRecord`) and records the share spent outside the
+target's forward. Greedy rows record the first token where a method parts from plain decoding in the
+same dtype (in bfloat16 that happens at near-ties; see tests/test_bf16_greedy.py).
+
 Methods are ours (``ngram``, ``oracle``, ``draft-lm``, ``eagle``, ``dflash``, ``dspark-markov``,
 ``dspark-rnn``: :func:`speculative_generate`, at fixed block lengths or, for dspark drafters, under
 the hardware-aware scheduler with a cost profile measured at the start of the run) or peers run
 through transformers' public API
 (``hf-generate``: ``model.generate``; ``hf-assisted``: assisted generation with the draft LM at the
-library's default settings; ``hf-prompt-lookup``: prompt lookup decoding).
+library's default settings; ``hf-prompt-lookup``: prompt lookup decoding), or llama.cpp
+(``llamacpp``, ``llamacpp-lookup``: :mod:`dspark_core.eval.llamacpp`, on the GGUF file the default
+target comes from, once per turn whatever the dtypes; its rows' dtype is the GGUF's, ``q4_1``, and
+``speedup_vs_llamacpp`` compares every row with llama.cpp's plain decoding).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,14 +55,15 @@ from ..core.jsonl import (
 from ..core.limits import check_block, context_overflow
 from ..core.prompts import REPO_ROOT, load_prompt_set
 from ..core.provenance import machine_info
-from ..core.rounds import GenerationResult
+from ..core.rounds import ROUND_PARTS, GenerationResult
 from ..core.sampling import SamplingConfig
-from ..core.target import encode_prompt, eos_token_ids, load_target
+from ..core.target import DTYPES, dtype_name, encode_prompt, eos_token_ids, load_target
 from ..decode.loop import autoregressive_generate, speculative_generate
 from ..decode.policies import FixedLength, HardwareAware
-from ..decode.profile import CostProfile, measure_profile
+from ..decode.profile import CostProfile, combine_dtypes, measure_profiles
 from ..drafters.draft_lm import load_draft_lm
 from ..drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter
+from .llamacpp import LLAMACPP, LOOKUP_TOKENS, LlamaCppPeer, require_llama_cpp
 
 PROMPT_DIR = REPO_ROOT / "data" / "prompts"
 RESULTS_DIR = REPO_ROOT / "data" / "results"
@@ -56,6 +71,8 @@ BENCHMARKS = ("math", "humaneval", "chat", "long_input", "format")
 PEERS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 KEY = ("temperature", "benchmark", "prompt_id", "turn")  # one measured turn: its rows are written together
 OURS = ("ngram", "oracle", "draft-lm", "eagle", "dflash", "dspark", *SHIPPED_DRAFTERS)
+GGUF_DTYPE = "q4_1"  # the dtype column of llama.cpp's rows: the GGUF's quantisation
+PLAIN_FAMILIES = ("plain", "hf-generate")  # plain decoding, ours or transformers': the baselines of every ratio
 
 
 @dataclass(frozen=True)
@@ -72,9 +89,9 @@ class Method:
 
     @property
     def label(self) -> str:
-        if self.name in ("plain", "hf-generate") or (self.name in PEERS and not self.gamma):
+        if self.name in ("plain", "hf-generate", "llamacpp") or (self.name in PEERS + LLAMACPP and not self.gamma):
             return self.name
-        shown = Path(self.checkpoint).name if self.checkpoint and self.name not in PEERS else self.name
+        shown = Path(self.checkpoint).name if self.checkpoint and self.name not in PEERS + LLAMACPP else self.name
         return f"{shown}@{'hw' if self.scheduled else ''}{self.gamma}"
 
     @property
@@ -98,9 +115,11 @@ def parse_methods(spec: str) -> list[Method]:
         head, _, gammas = part.partition(":")
         name, _, checkpoint = head.partition("=")
         name, checkpoint = name.strip(), checkpoint.strip() or None
-        if name not in OURS + PEERS:
-            raise ValueError(f"Unknown method {name!r} in {spec!r}; choose from {', '.join(OURS + PEERS)}.")
-        if not gammas and name not in PEERS:
+        if name not in OURS + PEERS + LLAMACPP:
+            raise ValueError(f"Unknown method {name!r} in {spec!r}; choose from {', '.join(OURS + PEERS + LLAMACPP)}.")
+        if name == "llamacpp" and gammas:
+            raise ValueError(f"{part!r}: llamacpp is plain decoding and takes no block length (llamacpp-lookup does).")
+        if not gammas and name not in PEERS + LLAMACPP:
             raise ValueError(f"Method {part!r} needs block lengths, e.g. 'ngram:3,5,7' or 'dspark=<folder>:7'.")
         if checkpoint is None and (name in SHIPPED_DRAFTERS or name in ("draft-lm", "hf-assisted")):
             checkpoint = str(shipped_drafter("draft-lm" if name == "hf-assisted" else name))
@@ -119,7 +138,9 @@ def parse_methods(spec: str) -> list[Method]:
 @dataclass
 class BenchSettings:
     """One benchmark run. ``benchmarks`` are names of ``data/prompts/<name>.jsonl`` or JSONL paths;
-    ``n_prompts`` caps the records taken from each (first N); every turn of a record is measured."""
+    ``n_prompts`` caps the records taken from each (first N); every turn of a record is measured;
+    ``dtypes``: the target's dtypes, each running plain decoding and every method (the command's
+    profiles run float32 and bfloat16; the library's default is float32 alone)."""
 
     benchmarks: tuple[str, ...] = BENCHMARKS
     methods: str = "ngram:7;oracle:7"
@@ -130,32 +151,38 @@ class BenchSettings:
     top_k: int = 0
     top_p: float = 1.0
     model: str = "smollm2-135m-instruct"
+    dtypes: tuple[str, ...] = ("float32",)
 
     def __post_init__(self) -> None:
         self.benchmarks, self.temperatures = tuple(self.benchmarks), tuple(float(t) for t in self.temperatures)
+        self.dtypes = tuple(self.dtypes)
         if not self.benchmarks or not self.temperatures:
             raise ValueError("Pass at least one benchmark and one temperature.")
+        unknown = [d for d in self.dtypes if d not in DTYPES]
+        if unknown or not self.dtypes or len(set(self.dtypes)) < len(self.dtypes):
+            raise ValueError(f"dtypes must be distinct names from {', '.join(DTYPES)}, got {self.dtypes}.")
         if self.max_new_tokens < 1 or (self.n_prompts is not None and self.n_prompts < 1):
             raise ValueError("max_new_tokens and n_prompts must be >= 1.")
         parse_methods(self.methods)  # fail early on a bad spec
 
 
+BOTH_DTYPES = ("float32", "bfloat16")  # the command's default: every ratio also against the other dtype's plain decoding
 PROFILES = {
     "quick": BenchSettings(
         methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7,hw7;dspark-rnn:7;"
                 "hf-generate;hf-assisted;hf-prompt-lookup:10",
-        n_prompts=1, max_new_tokens=64,
+        n_prompts=1, max_new_tokens=64, dtypes=BOTH_DTYPES,
     ),
     "full": BenchSettings(
         methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7;dspark-rnn:7;"
                 "hf-generate;hf-assisted;hf-prompt-lookup:10",
-        n_prompts=3, max_new_tokens=96,
+        n_prompts=3, max_new_tokens=96, dtypes=BOTH_DTYPES,
     ),
     # DSpark's scheduling against the best fixed lengths on this CPU and the strongest peers, on the
     # full profile's prompts
     "scheduled": BenchSettings(
         methods="ngram:7;dspark-markov:1,2,3,hw7;dspark-rnn:2,hw7;hf-prompt-lookup:10",
-        n_prompts=3, max_new_tokens=96,
+        n_prompts=3, max_new_tokens=96, dtypes=BOTH_DTYPES,
     ),
 }
 
@@ -198,8 +225,8 @@ class _Peer:
 
 @dataclass
 class _Runner:
-    """Builds each method once (the oracle per prompt: it needs the plain output) and runs it.
-    ``profile`` is the cost profile the scheduled methods read."""
+    """Runs methods on one target (one dtype): builds each method once (the oracle per prompt: it
+    needs the plain output). ``profile`` is the cost profile the scheduled methods read."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -215,7 +242,7 @@ class _Runner:
     def check_blocks(self, methods: list[Method]) -> None:
         """Build every drafter now and refuse a gamma beyond its trained block, before the run folder is touched."""
         for method in methods:
-            if method.name not in PEERS and method.name != "oracle":
+            if method.name not in PEERS + LLAMACPP and method.name != "oracle":
                 check_block(self.drafter(method), method.gamma)
 
     def run(self, method: Method, prompt: torch.Tensor, plain: GenerationResult | None, **kwargs) -> GenerationResult:
@@ -237,7 +264,42 @@ class _Runner:
         return speculative_generate(self.model, prompt, drafter, policy, **kwargs)
 
 
-def _row(key: dict, method: Method, result: GenerationResult, plain: GenerationResult, greedy: bool) -> dict:
+@dataclass
+class _LlamaRunner:
+    """Runs the llama.cpp methods (one model per method, built on first use)."""
+
+    vocab_size: int
+    context: int
+    built: dict = field(default_factory=dict)
+
+    def run(self, method: Method, prompt: torch.Tensor, **kwargs) -> GenerationResult:
+        if method not in self.built:
+            lookup = (method.gamma or LOOKUP_TOKENS) if method.name == "llamacpp-lookup" else 0
+            self.built[method] = LlamaCppPeer(lookup, self.vocab_size, self.context)
+        return self.built[method].generate(prompt, kwargs["sampling"], kwargs["max_new_tokens"], kwargs["seed"],
+                                           kwargs["eos_token_ids"])
+
+
+def _first_divergence(tokens: list[int], reference: list[int]) -> float:
+    """Index of the first token where ``tokens`` and ``reference`` differ (NaN when they are equal)."""
+    if tokens == reference:
+        return np.nan
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+
+
+def _round_split(result: GenerationResult) -> dict:
+    """Seconds of each round part summed over the rounds (NaN without rounds: a peer), and the share of
+    the rounds' time spent outside the target's forward."""
+    split = result.time_split()
+    rounds = sum(split[part] for part in ROUND_PARTS)
+    columns = {f"{part}_time": split[part] if result.rounds else np.nan for part in ROUND_PARTS}
+    columns["outside_forward_share"] = (rounds - split["forward"]) / rounds if result.rounds and rounds > 0 else np.nan
+    return columns
+
+
+def _row(key: dict, dtype: str, method: Method, result: GenerationResult, plain: GenerationResult, greedy: bool) -> dict:
+    """One measured generation; ``plain`` is plain decoding of the same turn in the same dtype (llama.cpp:
+    the first listed dtype's). The ratios against the fastest plain decoding are filled per turn later."""
     measured_rounds = bool(result.rounds) and method is not PLAIN
     reached, accepted = result.position_counts(method.gamma) if measured_rounds else ([], [])
     plain_per_token = plain.total_time / max(1, len(plain.tokens))
@@ -246,6 +308,7 @@ def _row(key: dict, method: Method, result: GenerationResult, plain: GenerationR
     n_rounds = len(result.rounds)
     return {
         **key,
+        "dtype": dtype,
         "method": method.label,
         "family": method.name,
         "gamma": method.gamma,
@@ -253,17 +316,33 @@ def _row(key: dict, method: Method, result: GenerationResult, plain: GenerationR
         "rounds": n_rounds if result.rounds else np.nan,
         "tau": result.tau if result.rounds else np.nan,
         "acceptance_rate": result.acceptance_rate if measured_rounds else np.nan,
-        "draft_time": draft_time if result.rounds else np.nan,
+        **_round_split(result),
         "verify_time": verify_time if result.rounds else np.nan,
         "total_time": result.total_time,
         "tokens_per_s": result.tokens_per_second,
         "speedup": result.tokens_per_second * plain_per_token,
+        "speedup_vs_fastest_plain": np.nan,
+        "fastest_plain": "",
+        "speedup_vs_llamacpp": np.nan,
         "draft_cost_per_round": draft_time / n_rounds / plain_per_token if measured_rounds else np.nan,
         "verify_cost_per_round": verify_time / n_rounds / plain_per_token if measured_rounds else np.nan,
         "same_as_plain": (result.tokens == plain.tokens) if greedy else np.nan,
+        "first_divergence": _first_divergence(result.tokens, plain.tokens) if greedy else np.nan,
         "reached_per_position": json.dumps(reached),
         "accepted_per_position": json.dumps(accepted),
     }
+
+
+def _against_fastest_plain(rows: list[dict]) -> None:
+    """Fill each row of one turn with its throughput over the fastest plain decoding measured on that
+    turn in any dtype (ours or hf-generate), naming it, and over llama.cpp's plain decoding (if run)."""
+    plains = [r for r in rows if r["family"] in PLAIN_FAMILIES]
+    fastest = max(plains, key=lambda r: r["tokens_per_s"])
+    llama = next((r["tokens_per_s"] for r in rows if r["family"] == "llamacpp"), np.nan)
+    for row in rows:
+        row["speedup_vs_fastest_plain"] = row["tokens_per_s"] / fastest["tokens_per_s"]
+        row["fastest_plain"] = f"{fastest['method']}/{fastest['dtype']}"
+        row["speedup_vs_llamacpp"] = row["tokens_per_s"] / llama
 
 
 def _finished_turns(rows_file: Path, per_turn: int) -> list[tuple]:
@@ -305,17 +384,53 @@ def _prepare_out_dir(out_dir: Path, settings: BenchSettings, per_turn: int) -> s
     return set(_finished_turns(rows_file, per_turn)) | set(skipped)
 
 
-def _cost_profile(out_dir: Path, model: PreTrainedModel, methods: list[Method]) -> CostProfile | None:
-    """The single-request cost profile of the scheduled methods: measured once per run folder and
-    stored there (``cost-profile.json``), so a resumed run schedules as the first part did."""
+def _cost_profile(out_dir: Path, models: dict[str, PreTrainedModel], methods: list[Method]) -> CostProfile | None:
+    """The single-request cost profile of the scheduled methods, every dtype measured interleaved:
+    measured once per run folder and stored there (``cost-profile.json``), so a resumed run schedules
+    as the first part did; each dtype's methods read :meth:`CostProfile.for_dtype`."""
     if not any(m.scheduled for m in methods):
         return None
     path = out_dir / "cost-profile.json"
     if path.is_file():
         return CostProfile.load(path)
-    profile = measure_profile(model, requests=(1,), max_tokens=max(m.gamma for m in methods if m.scheduled) + 1)
+    longest = max(m.gamma for m in methods if m.scheduled) + 1
+    profile = combine_dtypes(measure_profiles(list(models.values()), requests=(1,), max_tokens=longest))
     profile.save(path)
     return profile
+
+
+def _targets(settings: BenchSettings, model: PreTrainedModel | None,
+             tokenizer: PreTrainedTokenizerBase | None) -> tuple[dict[str, PreTrainedModel], PreTrainedTokenizerBase]:
+    """The target in each of ``settings.dtypes``: ``model`` itself where its dtype is listed, a cast copy
+    of it for the others, or ``settings.model`` loaded in each when no model is given."""
+    if model is None or tokenizer is None:
+        loaded = {name: load_target(settings.model, dtype=DTYPES[name]) for name in settings.dtypes}
+        return {name: pair[0] for name, pair in loaded.items()}, next(iter(loaded.values()))[1]
+    given = dtype_name(model.dtype)
+    if given != "float32" and set(settings.dtypes) != {given}:
+        raise ValueError(f"Pass the target in float32 to run it in {settings.dtypes}: the other dtypes are cast "
+                         f"from it, and a {given} copy has already lost float32's precision.")
+    return {name: model if given == name else copy.deepcopy(model).to(DTYPES[name]) for name in settings.dtypes}, tokenizer
+
+
+def _measure_turn(key: dict, turn_index: int, prompt: torch.Tensor, runners: dict[str, _Runner],
+                  llama: _LlamaRunner | None, methods: list[Method], **kwargs) -> list[dict]:
+    """Every row of one turn: per dtype (their order rotated by ``turn_index``) plain decoding, then
+    each of our methods and transformers' peers; then the llama.cpp methods; then the ratios against
+    the fastest plain decoding."""
+    greedy = kwargs["sampling"].greedy
+    names = list(runners)
+    rows, plains = [], {}
+    for name in names[turn_index % len(names):] + names[: turn_index % len(names)]:
+        runner = runners[name]
+        plain = plains[name] = runner.run(PLAIN, prompt, None, **kwargs)
+        rows.append(_row(key, name, PLAIN, plain, plain, greedy))
+        for method in (m for m in methods if m.name not in LLAMACPP):
+            rows.append(_row(key, name, method, runner.run(method, prompt, plain, **kwargs), plain, greedy))
+    for method in (m for m in methods if m.name in LLAMACPP):
+        rows.append(_row(key, GGUF_DTYPE, method, llama.run(method, prompt, **kwargs), plains[names[0]], greedy))
+    _against_fastest_plain(rows)
+    return rows
 
 
 def run_bench(
@@ -326,20 +441,32 @@ def run_bench(
 ) -> pd.DataFrame:
     """Run (or resume) a benchmark into ``out_dir`` and return all its rows.
 
-    Turn t > 1 of a record is asked after the plain greedy answer of the turns before it (the same
-    history for every method). With temperature 0, ``same_as_plain`` records whether a method's
-    tokens equal plain decoding's. A turn that does not fit the target's context window is recorded
-    in ``skipped.jsonl`` (key and reason) instead; a gamma beyond a drafter's block is an error
-    raised before anything is written.
+    ``model``: the target in float32 (copies are cast to the other listed dtypes), or in the one
+    dtype listed; None loads ``settings.model`` in each. Turn t > 1 of a record is asked after the plain greedy answer of the
+    turns before it in the first listed dtype (the same history for every method and dtype). With
+    temperature 0, ``same_as_plain`` records whether a method's tokens equal plain decoding's in the
+    same dtype. A turn that does not fit the target's context window is recorded in ``skipped.jsonl``
+    (key and reason) instead; a gamma beyond a drafter's block, or a llama.cpp method without
+    llama-cpp-python or with another target than the default, is an error raised before anything is written.
     """
     methods = parse_methods(settings.methods)
-    if model is None or tokenizer is None:
-        model, tokenizer = load_target(settings.model)
-    eos = eos_token_ids(model, tokenizer)
-    runner = _Runner(model, tokenizer)
-    runner.check_blocks(methods)
-    done = _prepare_out_dir(out_dir, settings, per_turn=1 + len(methods))
-    runner.profile = _cost_profile(out_dir, model, methods)
+    models, tokenizer = _targets(settings, model, tokenizer)
+    first = models[settings.dtypes[0]]
+    eos = eos_token_ids(first, tokenizer)
+    runners = {name: _Runner(m, tokenizer) for name, m in models.items()}
+    for runner in runners.values():
+        runner.check_blocks(methods)
+    llama = None
+    if any(m.name in LLAMACPP for m in methods):
+        require_llama_cpp()
+        if settings.model != BenchSettings.model:
+            raise ValueError(f"The llama.cpp methods run on the default target's GGUF only, not {settings.model!r}.")
+        llama = _LlamaRunner(first.get_output_embeddings().weight.shape[0], first.config.max_position_embeddings)
+    llama_methods = sum(m.name in LLAMACPP for m in methods)
+    done = _prepare_out_dir(out_dir, settings, per_turn=len(models) * (1 + len(methods) - llama_methods) + llama_methods)
+    profile = _cost_profile(out_dir, models, methods)
+    for name, runner in runners.items():
+        runner.profile = profile.for_dtype(name) if profile is not None else None
     items = [(name, record) for name in settings.benchmarks
              for record in load_prompt_set(benchmark_path(name))[: settings.n_prompts]]
     jobs = [(t, name, record, turn) for t in settings.temperatures for name, record in items
@@ -348,14 +475,12 @@ def run_bench(
     warm_up = dict(max_new_tokens=16, seed=settings.seed, eos_token_ids=eos)
     for temperature in settings.temperatures:  # untimed: loads every drafter and warms every code path
         sampling = SamplingConfig(temperature, settings.top_k, settings.top_p)
-        prompt = encode_prompt(tokenizer, "Write two sentences about the sea.")
-        plain = runner.run(PLAIN, prompt, None, sampling=sampling, **warm_up)
-        for method in methods:
-            runner.run(method, prompt, plain, sampling=sampling, **warm_up)
+        _measure_turn({}, 0, encode_prompt(tokenizer, "Write two sentences about the sea."), runners, llama, methods,
+                      sampling=sampling, **warm_up)
     history: dict[tuple, list[dict]] = {}  # (record id, turn) -> the messages before that turn
     greedy_kwargs = dict(max_new_tokens=settings.max_new_tokens, seed=settings.seed, eos_token_ids=eos)
     with tqdm(jobs, desc="bench", unit="turn") as bar:
-        for temperature, name, record, turn in bar:
+        for index, (temperature, name, record, turn) in enumerate(bar):
             sampling = SamplingConfig(temperature, settings.top_k, settings.top_p)
             key = {"temperature": temperature, "benchmark": name, "domain": record["domain"],
                    "prompt_id": record["id"], "turn": turn}
@@ -365,25 +490,21 @@ def run_bench(
             else:
                 messages = history.get((record["id"], turn), []) + [{"role": "user", "content": record["turns"][turn - 1]}]
                 prompt = encode_prompt(tokenizer, messages)
-                reason = context_overflow(model, len(prompt), settings.max_new_tokens)
+                reason = context_overflow(first, len(prompt), settings.max_new_tokens)
             if reason is not None:
                 if turn_key not in done:
                     append_jsonl(skipped_file, [{**key, "reason": reason}])
                     bar.write(f"skipped {name} {record['id']} turn {turn}: {reason}")
                 continue
             if turn < len(record["turns"]) and (record["id"], turn + 1) not in history:  # once, for every temperature
-                answer = autoregressive_generate(model, prompt, **greedy_kwargs).tokens
+                answer = autoregressive_generate(first, prompt, **greedy_kwargs).tokens
                 history[(record["id"], turn + 1)] = messages + [
                     {"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)}]
             if turn_key in done:
                 continue
-            kwargs = dict(sampling=sampling, max_new_tokens=settings.max_new_tokens, seed=settings.seed,
-                          eos_token_ids=eos)
-            plain = runner.run(PLAIN, prompt, None, **kwargs)
-            new_rows = [_row(key, PLAIN, plain, plain, sampling.greedy)]
-            for method in methods:
-                new_rows.append(_row(key, method, runner.run(method, prompt, plain, **kwargs), plain, sampling.greedy))
-            append_csv(rows_file, new_rows)
+            append_csv(rows_file, _measure_turn(key, index, prompt, runners, llama, methods, sampling=sampling,
+                                                max_new_tokens=settings.max_new_tokens, seed=settings.seed,
+                                                eos_token_ids=eos))
     if not rows_file.is_file():
         raise ValueError(f"Every turn was skipped (reasons in {skipped_file}): lower --max-new-tokens or pick "
                          "prompts that fit the target's context window.")
@@ -391,27 +512,51 @@ def run_bench(
 
 
 # ------------------------------------------------------------------------------------ summaries
+BY = ("temperature", "dtype", "method")  # a row of every summary table
+
+
+def with_dtype(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` with a dtype column: rows written before dtypes were recorded ran in float32."""
+    return rows if "dtype" in rows else rows.assign(dtype="float32")
+
+
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
-    """Per temperature and method: medians of tau, acceptance, tok/s, per-prompt speedup, draft and
-    verify cost per round (in plain forwards), and the share of greedy outputs identical to plain."""
-    summary = rows.groupby(["temperature", "method"], sort=False).agg(
-        tau=("tau", "median"),
-        acceptance=("acceptance_rate", "median"),
-        tokens_per_s=("tokens_per_s", "median"),
-        speedup=("speedup", "median"),
-        draft_cost=("draft_cost_per_round", "median"),
-        verify_cost=("verify_cost_per_round", "median"),
-        same_as_plain=("same_as_plain", "mean"),
-        prompts=("prompt_id", "count"),
-    )
-    return summary.round(3)
+    """Per temperature, dtype and method: medians of tau, acceptance, tok/s, per-prompt speedup over
+    plain decoding in the same dtype and over the fastest plain decoding in any dtype, draft and verify
+    cost per round (in plain forwards), the share of a round's time outside the target's forward, and
+    the share of greedy outputs identical to plain decoding in the same dtype (older run folders lack
+    some of these columns: those are left out)."""
+    wanted = {
+        "tau": ("tau", "median"), "acceptance": ("acceptance_rate", "median"),
+        "tokens_per_s": ("tokens_per_s", "median"), "speedup": ("speedup", "median"),
+        "vs_fastest_plain": ("speedup_vs_fastest_plain", "median"), "vs_llamacpp": ("speedup_vs_llamacpp", "median"),
+        "draft_cost": ("draft_cost_per_round", "median"), "verify_cost": ("verify_cost_per_round", "median"),
+        "outside_forward": ("outside_forward_share", "median"), "same_as_plain": ("same_as_plain", "mean"),
+        "prompts": ("prompt_id", "count"),
+    }
+    rows = with_dtype(rows)
+    present = {name: (column, how) for name, (column, how) in wanted.items()
+               if column in rows and rows[column].notna().any()}
+    return rows.groupby(list(BY), sort=False).agg(**present).round(3)
 
 
-def per_domain(rows: pd.DataFrame, value: str = "speedup") -> pd.DataFrame:
-    """Median ``value`` per (temperature, method) x domain, plus the mean over domains."""
-    table = rows.pivot_table(index=["temperature", "method"], columns="domain", values=value, aggfunc="median", sort=False)
+def per_domain(rows: pd.DataFrame, value: str = "speedup", by: tuple[str, ...] = ("temperature", "method")) -> pd.DataFrame:
+    """Median ``value`` per group of ``by`` x domain, plus the mean over domains."""
+    table = rows.pivot_table(index=list(by), columns="domain", values=value, aggfunc="median", sort=False)
     table["mean over domains"] = table.mean(axis=1)
     return table.round(3)
+
+
+def round_split(rows: pd.DataFrame) -> pd.DataFrame:
+    """Where a round's time goes, per temperature, dtype and method (our methods and plain decoding):
+    median milliseconds per round of each part (:data:`~dspark_core.core.rounds.ROUND_PARTS`) and the
+    median share of the rounds' time outside the target's forward."""
+    rows = with_dtype(rows)
+    timed = rows[rows["rounds"].notna() & rows["family"].isin(OURS + ("plain",))]
+    per_round = timed[[f"{part}_time" for part in ROUND_PARTS]].div(timed["rounds"], axis=0) * 1000
+    per_round.columns = [f"{part}_ms" for part in ROUND_PARTS]
+    table = per_round.assign(outside_forward_share=timed["outside_forward_share"], **{k: timed[k] for k in BY})
+    return table.groupby(list(BY), sort=False).median().round(3)
 
 
 def _sum_padded(column: pd.Series) -> np.ndarray:
@@ -437,8 +582,18 @@ def conditional_acceptance(rows: pd.DataFrame, by: tuple[str, ...] = ("temperatu
 
 
 def report(rows: pd.DataFrame) -> str:
-    """The text the CLI prints: summary, speedup and tau per domain, conditional acceptance."""
-    parts = [("summary", summarize(rows)), ("speedup per domain (median of per-prompt ratios)", per_domain(rows)),
-             ("tau per domain (median)", per_domain(rows[rows["family"] != "plain"], "tau")),
-             ("conditional acceptance per position", conditional_acceptance(rows))]
+    """The text the CLI prints: summary, both speedups and tau per domain, where a round's time goes,
+    conditional acceptance."""
+    rows = with_dtype(rows)
+    parts = [("summary", summarize(rows)),
+             ("speedup over plain decoding in the same dtype, per domain (median of per-prompt ratios)",
+              per_domain(rows, by=BY))]
+    if "speedup_vs_fastest_plain" in rows:
+        parts.append(("speedup over the fastest plain decoding in any dtype (hf-generate included), per domain",
+                      per_domain(rows, "speedup_vs_fastest_plain", BY)))
+    parts += [("tau per domain (median)", per_domain(rows[rows["family"] != "plain"], "tau", BY))]
+    if "forward_time" in rows:
+        parts.append(("where a round's time goes (ms per round, medians; outside_forward_share: not the target's "
+                      "forward)", round_split(rows)))
+    parts.append(("conditional acceptance per position", conditional_acceptance(rows, by=BY)))
     return "\n\n".join(f"{title}:\n{table.to_string()}" for title, table in parts)
