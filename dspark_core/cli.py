@@ -73,10 +73,9 @@ def _print_rounds(result: GenerationResult, gamma: int) -> None:
         reached, accepted = result.position_counts(gamma)
         cond = "  ".join(f"{k + 1}:{a}/{r}" for k, (r, a) in enumerate(zip(reached, accepted)) if r)
         print(f"conditional acceptance per position (accepted/reached): {cond}")
-    split = result.time_split()
-    parts = "  ".join(f"{part} {seconds:.3f}s" for part, seconds in split.items())
-    outside = 1 - split["forward"] / max(1e-12, sum(split.values()) - split["prefill"])
-    print(f"time: {parts}  total {result.total_time:.3f}s ({outside:.1%} of the rounds outside the target's forward)")
+    parts = "  ".join(f"{part} {seconds:.3f}s" for part, seconds in result.time_split().items())
+    print(f"time: {parts}  total {result.total_time:.3f}s ({result.outside_forward_share:.1%} of the rounds outside "
+          "the target's forward)")
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
@@ -261,6 +260,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     else:
         spec = FeatureSpec(layers=config.feature_layers, top_k=args.top_k)
         store = build_feature_store(model, tokenizer, sequences, spec, max_gb=args.max_gb)
+        if args.features_only:
+            print(f"feature store ready: {store.folder}")
+            return
         on_save = None
         if args.selection:
             from .eval.heldout import selection_curve, selection_store
@@ -441,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="about N tokens of fixed-text conversations (a seeded subset), with every distilled answer")
     trn.add_argument("--top-k", type=int, default=16, help="target probabilities stored per position")
     trn.add_argument("--max-gb", type=float, default=20.0, help="disk budget of the feature store")
+    trn.add_argument("--features-only", action="store_true", help="build the feature store and stop (resumable)")
     trn.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
                      help="the target's dtype for the features (bfloat16: twice as fast here, as served in bfloat16)")
     trn.add_argument("--out", required=True, help="run folder: checkpoints, loss.csv, the trained drafter")
