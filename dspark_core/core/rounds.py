@@ -142,6 +142,13 @@ class GenerationResult:
             split[part] = sum(getattr(r, f"{part}_time") for r in self.rounds)
         return split
 
+    @property
+    def outside_forward_share(self) -> float:
+        """Share of the rounds' time spent outside the target's forward (NaN without timed rounds)."""
+        split = self.time_split()
+        rounds = sum(split[part] for part in ROUND_PARTS)
+        return (rounds - split["forward"]) / rounds if rounds > 0 else float("nan")
+
     def position_counts(self, gamma: int) -> tuple[list[int], list[int]]:
         """For positions k = 1..gamma: rounds that verified position k given 1..k-1 were accepted,
         and rounds that accepted it. Their ratio is the conditional acceptance at k."""

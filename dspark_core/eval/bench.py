@@ -291,9 +291,8 @@ def _round_split(result: GenerationResult) -> dict:
     """Seconds of each round part summed over the rounds (NaN without rounds: a peer), and the share of
     the rounds' time spent outside the target's forward."""
     split = result.time_split()
-    rounds = sum(split[part] for part in ROUND_PARTS)
     columns = {f"{part}_time": split[part] if result.rounds else np.nan for part in ROUND_PARTS}
-    columns["outside_forward_share"] = (rounds - split["forward"]) / rounds if result.rounds and rounds > 0 else np.nan
+    columns["outside_forward_share"] = result.outside_forward_share
     return columns
 
 

@@ -33,10 +33,8 @@ METHODS = ("plain", "oracle", "dspark-markov")
 def split_per_round(result: GenerationResult) -> dict[str, float]:
     """Milliseconds per round of each round part, and the share of the rounds' time outside the forward."""
     split = result.time_split()
-    rounds = max(1, len(result.rounds))
-    total = sum(split[part] for part in ROUND_PARTS)
-    columns = {f"{part}_ms": 1000 * split[part] / rounds for part in ROUND_PARTS}
-    columns["outside_forward_share"] = (total - split["forward"]) / total if total > 0 else float("nan")
+    columns = {f"{part}_ms": 1000 * split[part] / max(1, len(result.rounds)) for part in ROUND_PARTS}
+    columns["outside_forward_share"] = result.outside_forward_share
     return columns
 
 
