@@ -97,7 +97,7 @@ class DraftLMDrafter:
         drafted, rows = [], []
         for k in range(max_tokens):
             probs = probs_from_logits(self._fit_vocab(logits, context.vocab_size), sampling)
-            token = int(sample(probs, generator))
+            token = int(probs.argmax()) if sampling.greedy else int(sample(probs, generator))  # greedy q is one-hot
             drafted.append(token)
             rows.append(probs)
             if k + 1 < max_tokens:
