@@ -129,8 +129,10 @@ class CostProfile:
         return table[_nearest_at_or_above(list(table), requests)]
 
     def save(self, path: Path) -> Path:
+        """Write the JSON; a profile of one dtype leaves out the dtype fields, as profiles were before them."""
+        data = {k: v for k, v in asdict(self).items() if v is not None or k not in ("by_dtype", "fastest_dtype")}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1))
+        path.write_text(json.dumps(data, indent=1))
         return path
 
     @staticmethod
