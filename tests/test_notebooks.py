@@ -12,8 +12,11 @@ SMALL = {
                             timing_token_counts=[1, 2, 4, 8], n_lossy_samples=3000),
     "02_implementation.ipynb": dict(n_prompts=2, gammas=[1, 4], max_new_tokens=24, reference_new_tokens=16, gamma=4,
                                     wrong_position=2),
-    "03_training.ipynb": dict(n_timing_repeats=3, n_train_sequences=8, tiny_steps=10, tiny_batch_size=2,
-                              tiny_blocks_per_seq=2, tiny_block=4, n_eval_prompts=1, max_new_tokens=24),
+    "03_training.ipynb": dict(n_answer_prompts=2, answer_max_new_tokens=8, n_prefill_sequences=2, prefill_length=64,
+                              n_training_timing_sequences=1, throughput_repeats=1, vocab_text_tokens=1000,
+                              selection_per_benchmark=1, selection_new_tokens=16, feature_cache="scratch", n_timing_repeats=3,
+                              tiny_sequences=8, tiny_max_sequence_tokens=256, tiny_steps=10, tiny_tokens_per_step=256,
+                              tiny_block=4, n_eval_prompts=1, max_new_tokens=24),
     "04_ablations.ipynb": dict(benchmarks=["math", "chat"], methods="ngram:3;oracle:3", temperatures=[0.0], n_prompts=1,
                                max_new_tokens=12, block_lengths=[3]),
     "05_scheduling.ipynb": dict(profile_requests=[1, 2], profile_max_tokens=3, profile_repeats=1, n_calibration_prompts=3,
@@ -25,6 +28,7 @@ SMALL = {
 
 # Notebooks that write result tables: their results_dir goes to the test's tmp folder, and these files must appear.
 RESULTS = {
+    "03_training.ipynb": ["throughput-*.csv", "vocab-coverage-*.csv"],
     "05_scheduling.ipynb": ["scheduling-calibration-*.csv", "scheduling-single-*.csv", "scheduling-load-*.csv"],
     "06_gpu_results.ipynb": ["gpu-projection-*.csv", "gpu-speedups-*.csv"],
 }
@@ -52,7 +56,11 @@ def test_notebook_executes(name, tmp_path):
         assert any((tmp_path / "results").glob(pattern)), f"the notebook wrote no {pattern}"
 
 
-def test_bad_parameter_is_reported(tmp_path):
-    with pytest.raises(pm.PapermillExecutionError, match="n_samples"):
-        pm.execute_notebook(NOTEBOOKS / "01_theory.ipynb", tmp_path / "bad.ipynb", parameters={"n_samples": 10},
+@pytest.mark.parametrize("name, parameters, named", [
+    ("01_theory.ipynb", {"n_samples": 10}, "n_samples"),
+    ("03_training.ipynb", {"prefill_length": 4096}, "prefill_length"),
+])
+def test_bad_parameter_is_reported(tmp_path, name, parameters, named):
+    with pytest.raises(pm.PapermillExecutionError, match=named):
+        pm.execute_notebook(NOTEBOOKS / name, tmp_path / "bad.ipynb", parameters=parameters,
                             cwd=str(NOTEBOOKS), kernel_name="python3", progress_bar=False)
