@@ -32,7 +32,8 @@ def run_script(out: Path, *extra: str) -> subprocess.CompletedProcess:
     args = ["--out", str(out), "--shapes", "tiny", "--requests", "1", "2", "--tokens", "1", "3", "--context", "16",
             "--repeats", "2", "--warmup", "1", "--modes", "eager", "static", "--draft-layers", "1", "2", *extra]
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+                          env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "HF_HUB_OFFLINE": "1"})
+    # the same thread count as this process, so the profile it writes counts as measured on this machine
 
 
 def test_the_prepared_script_at_tiny_size(tmp_path):

@@ -4,7 +4,6 @@ fits and scores."""
 
 from __future__ import annotations
 
-import json
 import random
 
 import numpy as np
@@ -12,19 +11,18 @@ from tqdm.auto import tqdm
 
 from ..core.prompts import first_turn_messages, load_prompt_set
 from ..core.target import encode_prompt, eos_token_ids
-from ..data.distill import DISTILL_DIR
-from ..data.train_prompts import TRAIN_PROMPTS
+from ..data.training_set import CALIBRATION_PROMPTS
 from ..decode.calibration import Rounds
 from ..decode.loop import speculative_generate
 from ..decode.policies import FixedLength
 
 
 def calibration_prompts(count: int, seed: int = 0) -> list[dict]:
-    """Training-set prompts the target never answered for the distillation data: held out from the
-    drafters' training and disjoint from every evaluation set, so calibrating on them leaks nothing."""
-    used = set(json.loads((DISTILL_DIR / "meta.json").read_text())["ids"])
-    unused = [r for r in load_prompt_set(TRAIN_PROMPTS) if r["id"] not in used]
-    return random.Random(seed).sample(unused, min(count, len(unused)))
+    """``count`` of the held-out ShareGPT first turns (``data/prompts/calibration.jsonl``): never trained
+    on, neither answered nor teacher-forced, and disjoint from every evaluation set, so calibrating on them
+    leaks nothing."""
+    records = load_prompt_set(CALIBRATION_PROMPTS)
+    return random.Random(seed).sample(records, min(count, len(records)))
 
 
 def collect_rounds(model, tokenizer, drafter, records: list[dict], gamma: int, sampling, max_new_tokens: int = 96,
