@@ -31,9 +31,9 @@ def run_script(out: Path, *extra: str) -> subprocess.CompletedProcess:
             "from dspark_core.eval.gpu_results import main\nsys.exit(main(sys.argv[1:]))")
     args = ["--out", str(out), "--shapes", "tiny", "--requests", "1", "2", "--tokens", "1", "3", "--context", "16",
             "--repeats", "2", "--warmup", "1", "--modes", "eager", "static", "--draft-layers", "1", "2", *extra]
+    # the same thread count as this process, so the profile it writes counts as measured on this machine
     return subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "HF_HUB_OFFLINE": "1"})
-    # the same thread count as this process, so the profile it writes counts as measured on this machine
 
 
 def test_the_prepared_script_at_tiny_size(tmp_path):

@@ -2,8 +2,7 @@
 
 Greedy output with every shipped drafter equals plain greedy decoding (fp32, 5 prompts x 64 tokens).
 The trained drafters must also accept something: more than 0.15 draft tokens per round on average
-(an untrained drafter accepts about 0). A broken checkpoint
-stays lossless, so only this catches it.
+(an untrained drafter accepts about 0). A broken checkpoint stays lossless, so only this catches it.
 """
 
 import json
