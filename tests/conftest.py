@@ -21,6 +21,14 @@ PROMPTS = [
 ]
 
 
+def pytest_collection_modifyitems(items):
+    """Every test that uses the default target (directly or through a fixture) is ``slow``:
+    ``make test-fast`` (``-m "not slow"``) runs the rest without loading the model."""
+    for item in items:
+        if "target" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def target():
     """(model, tokenizer) of the embedded default target, fp32 on CPU."""

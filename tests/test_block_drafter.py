@@ -46,6 +46,7 @@ def test_untrained_drafter_is_lossless_greedy(target, prompts, eos, name):
             emitted += r.emitted
 
 
+@pytest.mark.slow  # a chi-square test over many samples (a minute)
 def test_dspark_first_token_distribution_matches_target_at_temperature_1(monkeypatch):
     """Chi-square (p > 1e-3) of the first emitted token over N = 3000 seeded generations.
 

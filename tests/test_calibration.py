@@ -77,6 +77,7 @@ def test_ece_floor_is_what_calibrated_labels_score():
     assert ece(pred, rng.random(3000) < pred + 0.15) > 3 * floor
 
 
+@pytest.mark.slow  # a grid search over many rounds
 def test_a_base_rate_shift_needs_the_bias():
     """When the head is off by a base rate (real acceptance sigma(logit(c) - 1)), temperatures alone
     leave most of the ECE at position 1; with the bias the fit finds b = -1 and halves it everywhere."""

@@ -7,6 +7,8 @@ import pytest
 
 from dspark_core.cli import main
 
+pytestmark = pytest.mark.slow  # every test runs the CLI on the default target
+
 
 def test_generate_prints_text_and_round_stats(capsys):
     assert main(["generate", "--prompt", "Name two colours.", "--drafter", "ngram", "--gamma", "3",
@@ -63,7 +65,7 @@ def test_bench_in_both_dtypes_reports_both_baselines_and_the_round_split(tmp_pat
     assert "speedup over the fastest plain decoding in any dtype" in printed and "where a round's time goes" in printed
     rows = pd.read_csv(out / "rows.csv")
     assert len(rows) == 8 and set(rows["dtype"]) == {"float32", "bfloat16"}
-    for dtype, part in rows.groupby("dtype"):
+    for _, part in rows.groupby("dtype"):
         plain = part.loc[part["method"] == "plain", "tokens_per_s"].item()
         assert (part["speedup"] - part["tokens_per_s"] / plain).abs().max() < 1e-9
     plains = rows[rows["family"].isin(["plain", "hf-generate"])]

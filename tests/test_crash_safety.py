@@ -10,6 +10,7 @@ import sys
 import time
 
 import pandas as pd
+import pytest
 
 from dspark_core.cli import main
 from dspark_core.core.jsonl import (
@@ -52,6 +53,7 @@ def test_an_unfinished_turn_is_cut_whole(tmp_path):
     assert len(pd.read_csv(path)) == PER_TURN and path.read_text().endswith(",c\n")
 
 
+@pytest.mark.slow  # runs dspark bench on the default target
 def test_bench_killed_in_the_middle_of_a_write_resumes_without_torn_or_duplicated_rows(tmp_path):
     out = tmp_path / "run"
     assert main(BENCH + ["--out", str(out)]) == 0

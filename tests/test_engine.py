@@ -9,7 +9,6 @@ from dspark_core.decode.engine import BatchedEngine
 from dspark_core.decode.policies import HardwareAware
 from dspark_core.drafters.registry import build_drafter
 
-
 MAX_NEW = [40, 12, 40, 25, 40]  # request 1 finishes early; with max_batch 3, requests 3 and 4 join later
 
 

@@ -36,6 +36,7 @@ def run_script(out: Path, *extra: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "OMP_NUM_THREADS": str(torch.get_num_threads()), "HF_HUB_OFFLINE": "1"})
 
 
+@pytest.mark.slow  # a subprocess that times every shape
 def test_the_prepared_script_at_tiny_size(tmp_path):
     done = run_script(tmp_path / "gpu")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -60,6 +61,7 @@ def test_the_prepared_script_at_tiny_size(tmp_path):
     assert again.returncode != 0 and "already holds profiles" in again.stderr
 
 
+@pytest.mark.slow  # a subprocess that times every shape
 def test_the_time_budget_skips_and_says_so(tmp_path):
     done = run_script(tmp_path / "gpu", "--budget-s", "0")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -132,6 +134,7 @@ def test_profile_and_draft_cost_at_tiny_size():
     assert sorted(seconds) == ["1", "3"] and sorted(seconds["3"]) == ["1", "2"] and min(seconds["3"].values()) > 0
 
 
+@pytest.mark.slow  # runs a notebook
 def test_notebook_06_reports_a_bad_parameter(tmp_path):
     papermill = pytest.importorskip("papermill")
     with pytest.raises(papermill.PapermillExecutionError, match="concurrency"):
@@ -140,6 +143,7 @@ def test_notebook_06_reports_a_bad_parameter(tmp_path):
                                    progress_bar=False)
 
 
+@pytest.mark.slow  # runs dspark profile
 def test_dspark_profile_times_a_named_shape(tmp_path, capsys):
     from dspark_core.cli import main
 

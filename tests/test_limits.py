@@ -60,6 +60,7 @@ def shipped_block() -> int:
     return json.loads((shipped_drafter("dspark-markov") / "config.json").read_text())["block_size"]
 
 
+@pytest.mark.slow  # runs dspark generate on the default target
 def test_cli_generate_refuses_both(capsys):
     document = "Summarize. " + " ".join(f"word{i}" for i in range(4000))  # about 9,000 tokens
     assert main(["generate", "--prompt", document, "--drafter", "ngram", "--max-new-tokens", "64"]) == 2
@@ -70,6 +71,7 @@ def test_cli_generate_refuses_both(capsys):
     assert f"gamma {block + 33} exceeds this drafter's block of {block} tokens" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # runs dspark bench on the default target
 def test_bench_skips_over_long_turns_and_refuses_a_gamma_beyond_the_block(tmp_path, capsys):
     long_turn = "Summarize. " + " ".join(f"word{i}" for i in range(4000))
     prompts = tmp_path / "mixed.jsonl"

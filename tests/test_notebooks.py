@@ -5,6 +5,8 @@ from pathlib import Path
 import papermill as pm
 import pytest
 
+pytestmark = pytest.mark.slow  # papermill runs of the notebooks on the default target
+
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 SMALL = {

@@ -56,16 +56,16 @@ def test_admitted_lengths_are_prefixes_within_gamma():
         survivals = [torch.cumprod(torch.rand(int(torch.randint(1, 8, (1,), generator=gen)), generator=gen), 0)
                      for _ in range(requests)]
         slope = float(torch.rand(1, generator=gen)) * 0.2
-        lengths = schedule_prefixes(survivals, lambda b: 1.0 / (1 + slope * b))
-        assert all(0 <= l <= len(s) for l, s in zip(lengths, survivals))
+        lengths = schedule_prefixes(survivals, lambda b, slope=slope: 1.0 / (1 + slope * b))
+        assert all(0 <= n <= len(s) for n, s in zip(lengths, survivals))
 
 
 def test_admission_follows_survival_order():
     """Whatever is admitted has survival >= anything not admitted (across requests)."""
     survivals = [torch.tensor([0.9, 0.5, 0.1]), torch.tensor([0.95, 0.7, 0.6]), torch.tensor([0.3])]
     lengths = schedule_prefixes(survivals, lambda b: 1.0 / (1 + 0.12 * b))
-    admitted = [float(s[j]) for s, l in zip(survivals, lengths) for j in range(l)]
-    left = [float(s[j]) for s, l in zip(survivals, lengths) for j in range(l, len(s))]
+    admitted = [float(s[j]) for s, n in zip(survivals, lengths) for j in range(n)]
+    left = [float(s[j]) for s, n in zip(survivals, lengths) for j in range(n, len(s))]
     assert admitted and left and min(admitted) >= max(left)
 
 
@@ -144,6 +144,7 @@ def scheduled_histogram(profile: dict, lossy: bool, seed: int = 5) -> tuple[dict
     return counts, target_joint(target.double(), 0, LENGTH), lengths
 
 
+@pytest.mark.slow  # a chi-square test over sampled rounds
 @pytest.mark.parametrize("profile", [VARIED, APPENDIX_LIKE], ids=["varied", "appendix-like"])
 def test_hardware_aware_scheduler_is_lossless(profile):
     counts, joint, lengths = scheduled_histogram(profile, lossy=False)
@@ -153,6 +154,7 @@ def test_hardware_aware_scheduler_is_lossless(profile):
         assert lengths == {1, 2, 3}, lengths  # the test exercises data-dependent lengths
 
 
+@pytest.mark.slow  # a chi-square test over sampled rounds
 def test_retrospective_scheduler_is_detected():
     counts, joint, lengths = scheduled_histogram(APPENDIX_LIKE, lossy=True)
     pvalue, tv = goodness_of_fit(counts, joint)

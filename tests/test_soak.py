@@ -35,6 +35,8 @@ from dspark_core.drafters.trained import BlockDrafter
 
 from .tiny import drafter_for, tiny_target
 
+pytestmark = pytest.mark.slow  # 200 engine requests (about a minute)
+
 LONG = os.environ.get("DSPARK_SOAK") == "long"
 REQUESTS, MAX_PROMPT, MAX_NEW, MAX_BATCH = (2000, 160, 96, 16) if LONG else (200, 48, 32, 8)
 VOCAB = 24

@@ -133,6 +133,7 @@ def test_committed_train_prompts_are_reproducible():
     assert len({r["turns"][0] for r in committed}) == len(committed)
 
 
+@pytest.mark.slow  # rebuilds the whole training set
 def test_committed_training_set_is_reproducible(tmp_path):
     mix = training_set.build_training_set(out_dir=tmp_path)
     for name in BUILT_FILES:

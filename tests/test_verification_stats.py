@@ -22,6 +22,8 @@ from dspark_core.core import verification
 
 from .toy import tables, target_joint
 
+pytestmark = pytest.mark.slow  # chi-square tests over 20,000 sampled rounds each (about 4 s apiece)
+
 VOCAB, GAMMA, LENGTH, N = 4, 3, 3, 20_000
 
 

@@ -53,7 +53,7 @@ class Draft:
         return int(self.tokens.shape[0])
 
     @staticmethod
-    def empty(vocab_size: int) -> "Draft":
+    def empty(vocab_size: int) -> Draft:
         return Draft(tokens=torch.zeros(0, dtype=torch.long), probs=torch.zeros(0, vocab_size))
 
 

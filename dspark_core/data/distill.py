@@ -278,7 +278,7 @@ def load(tokenizer: PreTrainedTokenizerBase, out_dir: Path = DISTILL_DIR) -> Seq
     records = {r["id"]: r for r in load_prompt_set(prompt_file)}
     answers = dict(zip(zip(meta["ids"], meta["turns"]), _read_chunks(out_dir, meta)))
     tokens, spans, names = [], [], []
-    for (record_id, turn), domain in zip(answers, meta["domains"]):
+    for record_id, turn in answers:
         prompt = encode_prompt(tokenizer, turn_messages(records[record_id], turn, answers, tokenizer)).numpy()
         answer = np.asarray(answers[(record_id, turn)], dtype=np.int64)
         tokens.append(np.concatenate([prompt, answer]).astype(np.int32))

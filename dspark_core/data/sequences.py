@@ -50,17 +50,17 @@ class Sequences:
     def span_tokens(self) -> int:
         return int(sum(e - s for spans in self.spans for s, e in spans))
 
-    def select(self, rows: list[int]) -> "Sequences":
+    def select(self, rows: list[int]) -> Sequences:
         return Sequences([self.ids[i] for i in rows], [self.sources[i] for i in rows], [self.tokens[i] for i in rows],
                          [self.spans[i] for i in rows], self.meta)
 
-    def subset(self, count: int, seed: int = 0) -> "Sequences":
+    def subset(self, count: int, seed: int = 0) -> Sequences:
         """A seeded random subset of ``count`` sequences (sources mixed), in their original order."""
         if count >= len(self):
             return self
         return self.select(sorted(random.Random(seed).sample(range(len(self)), count)))
 
-    def __add__(self, other: "Sequences") -> "Sequences":
+    def __add__(self, other: Sequences) -> Sequences:
         return Sequences(self.ids + other.ids, self.sources + other.sources, self.tokens + other.tokens,
                          self.spans + other.spans, {**self.meta, **other.meta})
 

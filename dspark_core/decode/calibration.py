@@ -41,10 +41,10 @@ class Rounds:
     prompt: np.ndarray
     domain: np.ndarray
 
-    def subset(self, mask: np.ndarray) -> "Rounds":
+    def subset(self, mask: np.ndarray) -> Rounds:
         return Rounds(self.confidences[mask], self.verified[mask], self.accepted[mask], self.prompt[mask], self.domain[mask])
 
-    def split_by_prompt(self) -> tuple["Rounds", "Rounds"]:
+    def split_by_prompt(self) -> tuple[Rounds, Rounds]:
         """(fit, held-out): the rounds of even-numbered prompts, the rounds of odd-numbered ones."""
         even = self.prompt % 2 == 0
         return self.subset(even), self.subset(~even)
@@ -60,7 +60,7 @@ class Rounds:
         return Path(path)
 
     @staticmethod
-    def load(path: Path) -> "Rounds":
+    def load(path: Path) -> Rounds:
         with np.load(path, allow_pickle=False) as data:
             return Rounds(data["confidences"].astype(np.float64), data["verified"], data["accepted"], data["prompt"],
                           data["domain"])
@@ -127,14 +127,14 @@ def brier(pred: np.ndarray, label: np.ndarray) -> float:
     return float(np.mean((pred - label) ** 2)) if len(pred) else float("nan")
 
 
-def fit_sts(rounds: Rounds, grid: np.ndarray = GRID, biases: np.ndarray = np.zeros(1)) -> Scaling:
+def fit_sts(rounds: Rounds, grid: np.ndarray = GRID, biases: np.ndarray | None = None) -> Scaling:
     """T_k (and b_k from ``biases``; STS: 0 only) position by position, left to right, by grid search
     on the ECE of the cumulative product with positions 1..k-1 already rescaled."""
     g = rounds.confidences.shape[1]
     logits = _logit(rounds.confidences)
     survival = np.ones(len(rounds.verified))
     scaling = Scaling(np.ones(g), np.zeros(g))
-    candidates = [(t, b) for t in grid for b in biases]
+    candidates = [(t, b) for t in grid for b in (np.zeros(1) if biases is None else biases)]
     for k in range(1, g + 1):
         rows, label = rounds.position(k)
         if rows.sum() == 0:

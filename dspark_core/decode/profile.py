@@ -81,7 +81,7 @@ class CostProfile:
     by_dtype: dict[str, dict[str, dict[str, list[float]]]] | None = None
     fastest_dtype: str | None = None
 
-    def for_dtype(self, dtype: str) -> "CostProfile":
+    def for_dtype(self, dtype: str) -> CostProfile:
         """The profile of the target in ``dtype``: its curves from ``by_dtype``, or this profile itself
         when it was measured in that one dtype only. Raises when ``dtype`` was not measured."""
         if self.by_dtype is None and self.meta.get("dtype") == dtype:
@@ -136,7 +136,7 @@ class CostProfile:
         return path
 
     @staticmethod
-    def load(path: Path, allow_other_machine: bool = False) -> "CostProfile":
+    def load(path: Path, allow_other_machine: bool = False) -> CostProfile:
         if not path.is_file():
             raise FileNotFoundError(f"No cost profile at {path}; measure one with `dspark profile`.")
         profile = CostProfile(**json.loads(path.read_text()))

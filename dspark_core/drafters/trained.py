@@ -44,7 +44,7 @@ def check_drafter_target(drafter: TargetBoundDrafter, model: PreTrainedModel, to
 
 def load_trained_drafter(
     path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> "BlockDrafter | EagleServing":
+) -> BlockDrafter | EagleServing:
     """Load a saved drafter folder (config.json + model.safetensors) and bind it to the target.
     Its ``checksums.sha256``, when present, is checked first (a mismatch is a clear error)."""
     if Path(path).is_dir():
