@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shutil
 import sys
@@ -10,9 +11,11 @@ from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
-from .core.prompts import load_prompt_set
+from .core.prompts import first_turn_messages, load_prompt_set
+from .core.provenance import timestamp
 from .core.rounds import GenerationResult
 from .core.sampling import SamplingConfig
 from .core.target import (
@@ -23,8 +26,15 @@ from .core.target import (
     eos_token_ids,
     load_target,
 )
+from .data import distill, train_prompts, training_set
+from .data.distill import DISTILL_DIR, DistillSettings
+from .data.features import FeatureSpec, build_feature_store
+from .data.training_set import training_sequences
+from .decode import calibration as cal
 from .decode.loop import autoregressive_generate, speculative_generate
 from .decode.policies import FixedLength
+from .decode.profile import combine_dtypes, default_profile_path, measure_profiles, serving_dtype
+from .decode.shapes import get_shape
 from .drafters.registry import DRAFTER_NAMES, build_drafter
 from .drafters.registry import shipped_drafter as drafter_folder
 from .eval.bench import (
@@ -32,9 +42,16 @@ from .eval.bench import (
     PROFILES,
     RESULTS_DIR,
     BenchSettings,
+    benchmark_path,
     report,
     run_bench,
 )
+from .eval.calibrate import calibration_prompts, collect_rounds
+from .eval.gpu_results import profile_shape, resolve_dtype
+from .eval.heldout import evaluate_folder, selection_curve, selection_store
+from .eval.lean_round import measure_round_split, summarize_round_split
+from .train.config import CE_LABELS, LOSSES, TrainConfig
+from .train.drafters import train, train_draft_lm
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -54,7 +71,6 @@ def _serving_dtype(name: str, device: str) -> torch.dtype:
     """The torch dtype of ``--dtype``; ``auto`` is resolved (and says why) by :func:`serving_dtype`."""
     if name != "auto":
         return DTYPES[name]
-    from .decode.profile import serving_dtype
 
     chosen, why = serving_dtype(device)
     print(f"dtype: {chosen} ({why})", file=sys.stderr)
@@ -110,10 +126,6 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> None:
-    from .decode.profile import default_profile_path
-    from .decode.shapes import get_shape
-    from .eval.gpu_results import profile_shape, resolve_dtype
-
     tokens = tuple(args.tokens or range(1, args.max_tokens + 1))
     command = "dspark " + " ".join(sys.argv[1:])
     if args.round_split:
@@ -146,8 +158,6 @@ def cmd_profile(args: argparse.Namespace) -> None:
 
 def _profile_dtypes(args: argparse.Namespace, tokens: tuple[int, ...], command: str):
     """The default (or named) target's profile in every dtype of ``--dtypes``, measured interleaved."""
-    from .decode.profile import combine_dtypes, measure_profiles
-
     models = _targets_in(args.dtypes, args.model, args.device)
     profiles = measure_profiles(list(models.values()), tuple(args.requests), context=args.context, repeats=args.repeats,
                                 tokens=tokens, mode=args.mode, meta={"command": command, "model": args.model})
@@ -156,19 +166,12 @@ def _profile_dtypes(args: argparse.Namespace, tokens: tuple[int, ...], command: 
 
 def _targets_in(dtypes: tuple[str, ...], model: str, device: str) -> dict:
     """The target in each dtype, cast from one float32 load."""
-    import copy
-
     reference, _ = load_target(model, device=device)
     return {name: reference if name == "float32" else copy.deepcopy(reference).to(DTYPES[name]) for name in dtypes}
 
 
 def _round_split(args: argparse.Namespace) -> None:
     """``dspark profile --round-split``: where a round's time goes, dynamic against static KV cache."""
-    from .core.prompts import first_turn_messages
-    from .core.provenance import timestamp
-    from .eval.bench import BENCHMARKS, RESULTS_DIR, benchmark_path
-    from .eval.lean_round import measure_round_split, summarize_round_split
-
     models = _targets_in(args.dtypes, args.model, args.device)
     _, tokenizer = load_target(args.model, device=args.device)
     prompts = [encode_prompt(tokenizer, first_turn_messages(load_prompt_set(benchmark_path(name))[0]))
@@ -182,9 +185,6 @@ def _round_split(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> None:
-    from .decode import calibration as cal
-    from .eval.calibrate import calibration_prompts, collect_rounds
-
     model, tokenizer = load_target(args.model, device=args.device)
     drafter = build_drafter("dspark", model, tokenizer, draft_model=args.drafter_dir)
     folder = Path(args.drafter_dir or drafter_folder("dspark-markov"))
@@ -216,8 +216,6 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
 
 def cmd_data(args: argparse.Namespace) -> None:
-    from .data import distill, train_prompts, training_set
-
     if args.action == "prompts":
         records = train_prompts.generate_train_prompts()
         path = train_prompts.write_prompt_set(records, Path(args.prompts or train_prompts.TRAIN_PROMPTS))
@@ -239,10 +237,6 @@ def cmd_data(args: argparse.Namespace) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> None:
-    from .data.features import FeatureSpec, build_feature_store
-    from .data.training_set import training_sequences
-    from .train.drafters import TrainConfig, train, train_draft_lm
-
     config = TrainConfig(
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
@@ -265,7 +259,6 @@ def cmd_train(args: argparse.Namespace) -> None:
             return
         on_save = None
         if args.selection:
-            from .eval.heldout import selection_curve, selection_store
 
             curve = Path(args.out) / "selection-curve.csv"
             on_save = selection_curve(selection_store(model, tokenizer, config.feature_layers), curve)
@@ -274,10 +267,6 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_heldout(args: argparse.Namespace) -> None:
-    import pandas as pd
-
-    from .eval.heldout import evaluate_folder
-
     model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
     tables = {}
     for folder in args.drafters:
@@ -383,7 +372,6 @@ def build_parser() -> argparse.ArgumentParser:
     calib.add_argument("--device", default="cpu")
     calib.set_defaults(func=cmd_calibrate)
 
-    from .data.distill import DISTILL_DIR, DistillSettings
     defaults = DistillSettings()
     data = sub.add_parser("data", help="training data: build the prompt sets, self-distil answers, pack them")
     data.add_argument("action", choices=["prompts", "build", "generate", "pack"],
@@ -405,7 +393,6 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--device", default="cpu")
     data.set_defaults(func=cmd_data)
 
-    from .train.config import CE_LABELS, LOSSES, TrainConfig
 
     tc = TrainConfig()
     trn = sub.add_parser("train", help="train a drafter (eagle, dflash, dspark, draft-lm) on the training text")

@@ -18,7 +18,7 @@ from dspark_core.cli import main
 from dspark_core.core import verification
 from dspark_core.drafters.trained import (
     BlockDrafter,
-    EagleServing,
+    EagleDrafter,
     load_trained_drafter,
 )
 from dspark_core.models import (
@@ -34,7 +34,7 @@ from .tiny import HEADS, drafter_for, tiny_target
 @pytest.mark.parametrize("name", HEADS)
 def test_untrained_drafter_is_lossless_greedy(target, prompts, eos, name):
     model, tokenizer = target
-    serving = EagleServing if name == "eagle" else BlockDrafter
+    serving = EagleDrafter if name == "eagle" else BlockDrafter
     drafter = serving(drafter_for(model, tokenizer, name), model, tokenizer)
     for prompt in prompts[:2]:
         plain = autoregressive_generate(model, prompt, max_new_tokens=24, eos_token_ids=eos)
@@ -154,7 +154,7 @@ def test_training_forward_matches_inference_drafting(target, prompts, name):
     reproduces the distributions it sampled them from (for eagle: training-time test = inference)."""
     model, tokenizer = target
     drafter = drafter_for(model, tokenizer, name)
-    serving = (EagleServing if name == "eagle" else BlockDrafter)(drafter, model, tokenizer)
+    serving = (EagleDrafter if name == "eagle" else BlockDrafter)(drafter, model, tokenizer)
     tokens = prompts[2].tolist() + [28, 253, 1345, 30, 42, 7]
     layers = drafter.config.feature_layers
     with torch.no_grad():

@@ -29,7 +29,7 @@ def serve(model, prompts, eos, policy, make_drafter):
 @pytest.mark.parametrize("policy", [FixedLength(0), FixedLength(4)], ids=["plain", "ngram-4"])
 def test_batched_greedy_equals_plain_per_request(target, prompts, eos, plain_outputs, policy):
     model, _ = target
-    engine, done = serve(model, prompts, eos, policy, NgramDrafter if policy.max_draft else None)
+    engine, done = serve(model, prompts, eos, policy, NgramDrafter if policy.gamma else None)
     assert [r.result.tokens for r in done] == plain_outputs
     assert engine.rounds < sum(MAX_NEW)  # requests really shared rounds
     assert not engine.active and not engine.waiting

@@ -16,7 +16,7 @@ from dspark_core import (
 )
 from dspark_core.cli import main
 from dspark_core.core.prompts import load_prompt_set
-from dspark_core.drafters import build_drafter
+from dspark_core.drafters.registry import build_drafter
 from dspark_core.eval.bench import parse_methods
 
 

@@ -1,6 +1,8 @@
 """The package's folders are its layers, and a layer imports only from the layers below it."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "dspark_core"
@@ -42,3 +44,15 @@ def test_layers_import_downward_only():
                 if not (LAYER[other] == LAYER[mine] == 5):  # datasets, training and evaluation may share
                     upward.append(f"{path.relative_to(PACKAGE)} imports {other}")
     assert not upward, upward
+
+
+def test_the_serving_half_loads_without_training_or_evaluation():
+    """Importing a decoding module (package __init__ included) pulls in no training, evaluation or
+    registry code: the layers hold at run time, not only in the source."""
+    probe = ("import sys, dspark_core.decode.policies; "
+             "print(' '.join(m for m in sys.modules if m.startswith('dspark_core.')))")
+    loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert "dspark_core.decode.policies" in loaded
+    above = [m for m in loaded if m.startswith(("dspark_core.train", "dspark_core.eval", "dspark_core.data",
+                                                "dspark_core.drafters.registry", "dspark_core.cli"))]
+    assert not above, above

@@ -16,6 +16,7 @@ from dspark_core.decode.policies import (
     HardwareAware,
     SurvivalThreshold,
     first_token_law,
+    forward_tokens,
     schedule_prefixes,
 )
 
@@ -100,7 +101,7 @@ def test_stop_rule_agrees_with_verify_length():
             stop = 0
             while stop < 7 and policy.admit(confidences[: stop + 1]):
                 stop += 1
-            assert policy.verify_length(draft_with(confidences), 10) == min(stop, policy.max_draft), policy
+            assert policy.verify_length(draft_with(confidences), 10) == min(stop, policy.gamma), policy
 
 
 # ---------------------------------------------------------------------------------- statistical
@@ -160,3 +161,25 @@ def test_retrospective_scheduler_is_detected():
     pvalue, tv = goodness_of_fit(counts, joint)
     assert lengths == {0, 2}
     assert pvalue < 1e-6, f"the lossy scheduler passed (p = {pvalue:.2e}, TV = {tv:.4f})"
+
+
+def test_padded_rows_price_what_the_engine_runs():
+    """The engine pads every row to the longest, so the scheduler prices R x (1 + max l) tokens. Priced as
+    flattened rows (R + sum l), one confident request's long prefix looks cheap and the padded batch it
+    causes is slower than what the padded pricing picks."""
+    assert forward_tokens([3, 0, 1]) == 3 * 4 and forward_tokens([3, 0, 1], "flattened") == 3 + 4
+    survivals = [torch.tensor([0.9, 0.8, 0.7]).cumprod(0), torch.tensor([0.05])]
+
+    def sps(tokens):
+        return 1.0 / (1 + 0.3 * tokens)
+
+    def engine_throughput(lengths):  # expected tokens per second of the batch the engine runs
+        expected = len(lengths) + sum(float(s[:n].sum()) for s, n in zip(survivals, lengths))
+        return expected * sps(forward_tokens(lengths, "padded"))
+
+    padded, flattened = schedule_prefixes(survivals, sps, "padded"), schedule_prefixes(survivals, sps, "flattened")
+    assert (padded, flattened) == ([1, 0], [3, 0])
+    assert engine_throughput(padded) > engine_throughput(flattened)
+    with pytest.raises(ValueError, match="rows must be one of"):
+        HardwareAware(3, lambda tokens, requests: 1.0, rows="ragged")
+

@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_core import SamplingConfig, probs_from_logits, verify_chain
-from dspark_core.core.verification import acceptance_probability, rejection_distribution
+from dspark_core.core.verification import acceptance_probability, residual
 from dspark_core.decode.policies import (
     ConfidenceThreshold,
     FixedLength,
@@ -29,7 +29,7 @@ from dspark_core.decode.policies import (
     SurvivalThreshold,
 )
 from dspark_core.drafters.trained import _draft_from_logits
-from dspark_core.models import DrafterConfig, ParallelDrafter
+from dspark_core.models import DrafterConfig, ParallelDraftModel
 
 from .test_policies import draft_with
 from .toy import law_errors, tables_from_logits
@@ -99,7 +99,7 @@ def test_verify_chain_walks_the_exact_law(case, data):
         assert verdict.tokens == drafts[: min(eos_at or accepted, max_tokens or accepted)] and verdict.finished
     else:
         *head, last = verdict.tokens
-        fallback = rejection_distribution(p[accepted], q[accepted]) if accepted < len(tokens) else p[accepted]
+        fallback = residual(p[accepted], q[accepted]) if accepted < len(tokens) else p[accepted]
         assert head == drafts and fallback[last] > 0  # the residual or bonus token, from its distribution
         assert verdict.finished == (last in eos or (max_tokens is not None and accepted + 1 >= max_tokens))
     assert verdict.accepted == min(accepted, len(verdict.tokens))
@@ -119,12 +119,12 @@ def draft_vocabularies(draw):
     return vocab, torch.tensor(chosen, dtype=torch.long)
 
 
-def tiny_parallel_drafter(vocab: int, draft_ids: torch.Tensor) -> ParallelDrafter:
+def tiny_parallel_drafter(vocab: int, draft_ids: torch.Tensor) -> ParallelDraftModel:
     d = 8
     config = DrafterConfig(kind="dspark", head="markov", block_size=2, hidden_size=d, num_heads=2, num_kv_heads=1,
                            head_dim=4, intermediate_size=8, feature_layers=(0,), draft_vocab_size=len(draft_ids),
                            rank=2, target_hidden_size=d, target_vocab_size=vocab)
-    drafter = ParallelDrafter(config).eval()
+    drafter = ParallelDraftModel(config).eval()
     drafter.draft_token_ids.copy_(draft_ids)
     drafter.attach_target(torch.randn(vocab, d), torch.randn(vocab, d))
     return drafter
@@ -178,10 +178,10 @@ def policies(draw):
 def test_policies_verify_a_prefix_within_the_block(policy, confidences, budget, other_tail):
     draft = draft_with(confidences)
     length = policy.verify_length(draft, budget)
-    assert 0 <= length <= min(len(draft), max(budget, 0), policy.max_draft)
+    assert 0 <= length <= min(len(draft), max(budget, 0), policy.gamma)
     seen = draft.confidences.tolist()  # as the policy sees them (float32)
     assert all(policy.admit(seen[:k]) for k in range(1, length + 1))  # a prefix its stop rule admits
-    if length < min(len(draft), max(budget, 0), policy.max_draft):
+    if length < min(len(draft), max(budget, 0), policy.gamma):
         assert not policy.admit(seen[: length + 1])  # and it stops at the first position the rule refuses
     if length < len(draft):  # non-anticipating: what follows the first position not verified changes nothing
         assert policy.verify_length(draft_with(confidences[: length + 1] + other_tail), budget) == length

@@ -119,12 +119,12 @@ def test_flattened_batches_cost_what_their_tokens_do():
     assert profile.steps_per_second(5, 4) == pytest.approx(1000 / 12.0)  # 5 tokens over 4 rows: 2 per row, rounded up
     assert profile.flattened_steps_per_second(5, 4) == pytest.approx(1000 / 10.5)  # 1.25 per row
     assert profile.flattened_steps_per_second(8, 4) == profile.steps_per_second(8, 4)
-    # The early stop of Algorithm 1 ends at the first admission that does not pay. With rows rounded up, the 5th
-    # token of 4 requests costs as if every row grew, so the scheduler stops at one draft token per request;
-    # with flattened batches every token costs its share and it verifies more.
+    # The early stop of Algorithm 1 ends at the first admission that does not pay. With padded rows, the token
+    # that lengthens the longest row costs as if every row grew, so the scheduler stops at one draft token per
+    # request; with flattened batches every token costs its share and it verifies more.
     rounds = rounds_from_acceptance([0.95] * 3, 400, seed=0)
     lengths = {}
-    for name, sps in [("rounded", profile.steps_per_second), ("flattened", profile.flattened_steps_per_second)]:
-        policy = HardwareAware(3, sps)
-        lengths[name] = replay(rounds, "hw", policy, profile, 4, lambda r: 0.0, steps_per_second=sps).verified
-    assert (lengths["rounded"], lengths["flattened"]) == (1 * 4 * 100, 3 * 4 * 100)
+    for rows, sps in [("padded", profile.steps_per_second), ("flattened", profile.flattened_steps_per_second)]:
+        policy = HardwareAware(3, sps, rows)
+        lengths[rows] = replay(rounds, "hw", policy, profile, 4, lambda r: 0.0, steps_per_second=sps, rows=rows).verified
+    assert (lengths["padded"], lengths["flattened"]) == (1 * 4 * 100, 3 * 4 * 100)

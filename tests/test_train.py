@@ -11,7 +11,7 @@ import torch
 from dspark_core import FixedLength, autoregressive_generate, speculative_generate
 from dspark_core.data.features import FeatureSpec, build_feature_store
 from dspark_core.data.sequences import Sequences, render_conversation
-from dspark_core.drafters import build_drafter
+from dspark_core.drafters.registry import build_drafter
 from dspark_core.drafters.trained import load_trained_drafter
 from dspark_core.eval.heldout import domain_acceptance
 from dspark_core.train import drafters as train_module

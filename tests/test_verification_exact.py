@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from dspark_core import SamplingConfig, probs_from_logits, verify_chain
+from dspark_core.core.lossy import threshold_acceptance, verify_chain_threshold
 from dspark_core.core.verification import acceptance_probability, residual
 
 from .toy import law_errors, tables
@@ -86,11 +87,21 @@ def test_eos_and_length_limit_inside_block():
     assert verdict.tokens == [1] and verdict.accepted == 0 and verdict.finished
 
 
-def test_shape_and_rule_errors():
+def test_shape_errors():
     with pytest.raises(ValueError, match="rows"):
         verify_chain(torch.tensor([1]), torch.eye(3)[[1]], torch.eye(3)[[1]])
-    with pytest.raises(ValueError, match="unknown acceptance rule"):
-        verify_chain(torch.tensor([1]), torch.eye(3)[[1]], torch.eye(3)[[1, 2]], rule="typical")
+    with pytest.raises(ValueError, match="rows"):
+        verify_chain_threshold(torch.tensor([1]), torch.eye(3)[[1]], torch.eye(3)[[1]])
+
+
+def test_threshold_rule_ignores_q():
+    """The lossy module: p_x above the threshold, else 0, whatever q says; a draft token with q = 0
+    that the exact rule rejects (test above) is accepted when the target is sure of it."""
+    assert threshold_acceptance(torch.tensor([0.05, 0.1, 0.3]), 0.1).tolist() == pytest.approx([0.0, 0.0, 0.3])
+    target = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    verdict = verify_chain_threshold(torch.tensor([1]), torch.tensor([[1.0, 0.0, 0.0]]), target,
+                                     torch.Generator().manual_seed(0), threshold=0.1)
+    assert verdict.accepted == 1 and verdict.tokens == [1, 2]
 
 
 @pytest.mark.parametrize("seed", range(12))

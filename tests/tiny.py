@@ -12,9 +12,9 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 from dspark_core.core.target import target_fingerprint, tokenizer_fingerprint
 from dspark_core.models import (
     DrafterConfig,
-    EagleDrafter,
-    ParallelDrafter,
-    TargetBoundDrafter,
+    EagleDraftModel,
+    ParallelDraftModel,
+    TargetBoundDraftModel,
 )
 
 
@@ -37,7 +37,7 @@ def tiny_target(vocab: int = 16, window: int = 64, seed: int = 1, lm_head_scale:
 HEADS = {"eagle": "none", "dflash": "none", "dspark-markov": "markov", "dspark-rnn": "rnn"}
 
 
-def drafter_for(model, tokenizer, name: str, **overrides) -> TargetBoundDrafter:
+def drafter_for(model, tokenizer, name: str, **overrides) -> TargetBoundDraftModel:
     """An untrained drafter ``name`` (a key of HEADS) shaped for ``model``: block 5, 1024 draft tokens,
     seeded; ``overrides`` replace any DrafterConfig field."""
     torch.manual_seed(0)
@@ -51,7 +51,7 @@ def drafter_for(model, tokenizer, name: str, **overrides) -> TargetBoundDrafter:
         tokenizer_fingerprint=tokenizer_fingerprint(tokenizer), target_fingerprint=target_fingerprint(model, tokenizer),
     )
     settings.update(overrides)
-    drafter = (EagleDrafter if name == "eagle" else ParallelDrafter)(DrafterConfig(**settings))
+    drafter = (EagleDraftModel if name == "eagle" else ParallelDraftModel)(DrafterConfig(**settings))
     if drafter.config.kind == "dspark":
         torch.nn.init.normal_(drafter.w2.weight, std=0.5)  # make the sequential head matter
     return drafter

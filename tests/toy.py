@@ -13,7 +13,8 @@ from collections import defaultdict
 import torch
 
 from dspark_core import SamplingConfig, probs_from_logits
-from dspark_core.core.verification import acceptance_probability, rejection_distribution
+from dspark_core.core.lossy import threshold_acceptance
+from dspark_core.core.verification import acceptance_probability, residual
 
 
 def tables(vocab: int, sampling: SamplingConfig, seed: int, one_hot_draft: bool = False, dtype=torch.float64,
@@ -53,10 +54,21 @@ def target_joint(target: torch.Tensor, anchor: int, length: int) -> dict[tuple[i
     return joint
 
 
+def rule_parts(rule: str, threshold: float = 0.1):
+    """(acceptance(p_x, q_x), rejection(p [V], q [V]) -> [V]) of ``rule``: ``"exact"``, the verifier's
+    own functions, or ``"lossy-threshold"``, the NOT lossless rule of ``dspark_core.core.lossy``."""
+    if rule == "exact":
+        return acceptance_probability, residual
+    if rule == "lossy-threshold":
+        return (lambda p_x, q_x: threshold_acceptance(p_x, threshold)), (lambda p, q: p)
+    raise ValueError(f"unknown acceptance rule {rule!r}; use 'exact' or 'lossy-threshold'")
+
+
 def round_distribution(target, draft, anchor: int, gamma: int, rule: str = "exact", threshold: float = 0.1):
     """Exact distribution of the tokens one verification round emits, derived from the verifier's
     own acceptance probability and rejection distribution (``gamma`` draft positions)."""
     vocab = target.shape[0]
+    acceptance, rejection = rule_parts(rule, threshold)
     out: dict[tuple[int, ...], float] = defaultdict(float)
 
     def walk(prev: int, emitted: tuple[int, ...], prob: float) -> None:
@@ -69,12 +81,12 @@ def round_distribution(target, draft, anchor: int, gamma: int, rule: str = "exac
             q_x = draft[prev, x]
             if q_x == 0:
                 continue
-            a = float(acceptance_probability(target[prev, x], q_x, rule, threshold))
+            a = float(acceptance(target[prev, x], q_x))
             if a > 0:
                 walk(x, emitted + (x,), prob * float(q_x) * a)
             rejected += prob * float(q_x) * (1 - a)
         if rejected > 0:
-            fallback = rejection_distribution(target[prev], draft[prev], rule)
+            fallback = rejection(target[prev], draft[prev])
             for y in range(vocab):
                 out[emitted + (y,)] += rejected * float(fallback[y])
 

@@ -68,14 +68,14 @@ class Drafter(Protocol):
     def reset(self) -> None: ...
 
     def propose(
-        self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+        self, context: DraftContext, gamma: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft: ...
 
 
 ROUND_PARTS = ("draft", "forward", "probs", "accept", "cache", "other")
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RoundRecord:
     """One draft-verify round: ``proposed`` drafted, ``verified`` sent to the target, ``accepted``
     of those kept, ``emitted`` tokens committed (accepted + the residual/bonus token, unless cut);

@@ -1,4 +1,4 @@
-"""Chain verification: the exact speculative-sampling acceptance rule, and one labelled lossy rule.
+"""Chain verification: the exact speculative-sampling acceptance rule.
 
 Exact rule (Leviathan et al. 2023; Chen et al. 2023), left to right over draft tokens
 ``x_1..x_l`` sampled from ``q_1..q_l``, with target distributions ``p_1..p_{l+1}``:
@@ -11,18 +11,18 @@ Each emitted token is then distributed exactly as the target's. A one-hot ``q`` 
 n-gram drafts) is a special case: accept with probability ``p_k(x_k)``, else sample from ``p_k``
 with ``x_k`` removed. Under greedy decoding ``p`` is one-hot too and the rule reduces to "accept
 while the draft equals the target's argmax" (:func:`verify_greedy`, which needs only the argmax ids).
+
+The tutorial threshold rule, which is NOT lossless, lives apart in :mod:`dspark_core.core.lossy`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
 from .sampling import sample
-
-AcceptanceRule = Literal["exact", "lossy-threshold"]
 
 
 @dataclass
@@ -48,30 +48,44 @@ def verify_chain(
     *,
     eos_token_ids: tuple[int, ...] = (),
     max_tokens: int | None = None,
-    rule: AcceptanceRule = "exact",
-    threshold: float = 0.1,
 ) -> Verdict:
-    """Verify ``l`` draft tokens against the target.
+    """Verify ``l`` draft tokens against the target with the exact rule.
 
     draft_tokens: [l] token ids.
     draft_probs:  [l, V] the exact distributions the draft tokens were sampled from.
     target_probs: [l + 1, V] target distributions, processed with the same sampling settings.
-    rule: ``"exact"`` (lossless) or ``"lossy-threshold"``, the popular tutorial rule "accept if
-          r < p(x) and p(x) > threshold, else resample from p". It ignores ``q`` and does NOT
-          preserve the target distribution; it exists to measure that error.
+    """
+    return walk_chain(draft_tokens, draft_probs, target_probs, generator, acceptance_probability, residual,
+                      eos_token_ids=eos_token_ids, max_tokens=max_tokens)
+
+
+def walk_chain(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+    acceptance: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    rejection: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    *,
+    eos_token_ids: tuple[int, ...] = (),
+    max_tokens: int | None = None,
+) -> Verdict:
+    """The left-to-right walk of a chain rule, given its two parts.
+
+    Shapes as in :func:`verify_chain`. ``acceptance(p_x [l], q_x [l]) -> [l]``: the probability of
+    accepting each draft token; ``rejection(p_k [V], q_k [V]) -> [V]``: the distribution of the token
+    emitted at the first rejection. With all ``l`` accepted the bonus token comes from ``p_{l+1}``.
     """
     num_draft = draft_tokens.shape[0]
     if target_probs.shape[0] != num_draft + 1:
         raise ValueError(f"target_probs needs {num_draft + 1} rows for {num_draft} draft tokens, got {target_probs.shape[0]}")
-    if rule not in ("exact", "lossy-threshold"):
-        raise ValueError(f"unknown acceptance rule {rule!r}; use 'exact' or 'lossy-threshold'")
     uniforms = torch.rand(num_draft, generator=generator, device=target_probs.device)
     draft_tokens = draft_tokens.to(target_probs.device)
     rows = torch.arange(num_draft, device=target_probs.device)
-    chances = acceptance_probability(target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens], rule, threshold)
+    chances = acceptance(target_probs[rows, draft_tokens], draft_probs[rows, draft_tokens])
     accepted = _leading_true(uniforms < chances)
     if accepted < num_draft:
-        fallback = rejection_distribution(target_probs[accepted], draft_probs[accepted], rule)
+        fallback = rejection(target_probs[accepted], draft_probs[accepted])
     else:
         fallback = target_probs[num_draft]
     next_token = int(sample(fallback, generator))
@@ -113,26 +127,15 @@ def _leading_true(flags: torch.Tensor) -> int:
     return int(flags.int().cumprod(0).sum())
 
 
-def acceptance_probability(
-    p_x: torch.Tensor, q_x: torch.Tensor, rule: AcceptanceRule = "exact", threshold: float = 0.1
-) -> torch.Tensor:
-    """Probability of accepting a draft token with target probability ``p_x`` and draft probability ``q_x``.
-
-    exact: ``min(1, p_x / q_x)``, and 0 when ``q_x == 0`` (the token cannot have come from ``q``).
-    lossy-threshold: ``p_x`` if ``p_x > threshold`` else 0.
-    """
-    if rule == "lossy-threshold":
-        return torch.where(p_x > threshold, p_x, torch.zeros_like(p_x))
+def acceptance_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """``min(1, p_x / q_x)`` elementwise (any shape): the probability of accepting a draft token with
+    target probability ``p_x`` and draft probability ``q_x``; 0 when ``q_x == 0`` (it cannot have come from ``q``)."""
     return torch.where(q_x > 0, torch.clamp(p_x / q_x.clamp_min(torch.finfo(q_x.dtype).tiny), max=1.0), 0.0)
 
 
-def rejection_distribution(p: torch.Tensor, q: torch.Tensor, rule: AcceptanceRule = "exact") -> torch.Tensor:
-    """Distribution ``[V]`` of the token emitted after rejecting at a position: the residual (exact) or ``p`` (lossy)."""
-    return residual(p, q) if rule == "exact" else p
-
-
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``norm(max(0, p - q))``; falls back to ``p`` when it is all zero (only reachable if ``p == q``)."""
+    """``norm(max(0, p - q))`` over ``[V]``: the distribution of the token emitted at a rejection;
+    falls back to ``p`` when it is all zero (only reachable if ``p == q``)."""
     r = (p - q).clamp_min(0.0)
     total = r.sum()
     return r / total if total > 0 else p

@@ -25,7 +25,7 @@ from ..core.limits import check_block, check_context
 from ..core.rounds import Draft, DraftContext, Drafter, GenerationResult
 from ..core.sampling import SamplingConfig
 from .loop import Stopwatch, commit_round, verify_round
-from .policies import VerificationPolicy, verify_lengths, worth_drafting
+from .policies import VerificationPolicy
 
 COMPACT_MIN_SLOTS = 64  # a cache this small is never compacted (copying would cost more than the holes)
 COMPACT_SLACK = 2  # compact when the slots exceed this many times the longest live request's committed tokens
@@ -178,7 +178,7 @@ class BatchedEngine:
         check_context(self.model, len(prompt), max_new_tokens)
         rid = len(self.waiting) + len(self.active) + len(self.finished)
         drafter = self.make_drafter() if self.make_drafter else None
-        check_block(drafter, self.policy.max_draft)
+        check_block(drafter, self.policy.gamma)
         request = Request(rid, prompt, max_new_tokens, drafter, torch.Generator().manual_seed(self.seed + rid),
                           tokens=list(prompt), result=GenerationResult(prompt_len=len(prompt), tokens=[]))
         if drafter is not None:
@@ -205,17 +205,17 @@ class BatchedEngine:
         self._admit()
         watch = Stopwatch()
         drafts, budgets = [], []
-        drafting = self.policy.max_draft > 0 and worth_drafting(self.policy, len(self.active))
+        drafting = self.policy.worth_drafting(len(self.active))
         for request in self.active:
             budget = request.max_new_tokens - len(request.result.tokens) - 1  # draft tokens; one more is emitted
             draft = Draft.empty(self.vocab_size)
             if request.drafter is not None and drafting:
                 context = DraftContext(request.tokens, len(request.prompt), request.new_features, self.vocab_size)
-                draft = request.drafter.propose(context, min(self.policy.max_draft, budget), self.sampling, request.generator)
+                draft = request.drafter.propose(context, min(self.policy.gamma, budget), self.sampling, request.generator)
                 request.new_features = None  # handed to the drafter
             drafts.append(draft)
             budgets.append(budget)
-        lengths = verify_lengths(self.policy, drafts, budgets)
+        lengths = self.policy.verify_lengths(drafts, budgets)
         watch.lap("draft")
         inputs = [[r.tokens[-1]] + d.tokens[:n].tolist() for r, d, n in zip(self.active, drafts, lengths)]
         logits, features = self.kv.forward(inputs, [len(r.tokens) - 1 for r in self.active], self.feature_layers)

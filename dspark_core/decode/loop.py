@@ -26,7 +26,7 @@ from ..core.rounds import (
 )
 from ..core.sampling import SamplingConfig, probs_from_logits
 from ..core.session import CausalLMSession
-from ..core.verification import AcceptanceRule, Verdict, verify_chain, verify_greedy
+from ..core.verification import Verdict, verify_chain, verify_greedy
 from .policies import FixedLength, VerificationPolicy
 
 
@@ -61,17 +61,16 @@ def verify_round(
     generator: torch.Generator,
     eos_token_ids: tuple[int, ...],
     max_tokens: int,
-    rule: AcceptanceRule = "exact",
     lap: Callable[[str], None] = _no_lap,
 ) -> Verdict:
     """Verify the first ``length`` draft tokens with the target's logits [length + 1, V] of this
     round's forward over ``[anchor, x_1..x_length]``; emits at most ``max_tokens`` tokens.
 
-    Greedy with the exact rule reads only the target's argmax ids (:func:`verify_greedy`, no
+    Greedy reads only the target's argmax ids (:func:`verify_greedy`, no
     one-hot rows over the vocabulary); otherwise the processed probabilities go to :func:`verify_chain`.
     ``lap`` is called with ``"probs"`` after the target side and ``"accept"`` after the acceptance walk."""
     tokens, probs = draft.tokens[:length], draft.probs[:length]
-    if sampling.greedy and rule == "exact":
+    if sampling.greedy:
         target_tokens = logits.argmax(dim=-1).cpu()
         lap("probs")
         verdict = verify_greedy(tokens, probs, target_tokens, eos_token_ids=eos_token_ids, max_tokens=max_tokens)
@@ -79,7 +78,7 @@ def verify_round(
         target_probs = probs_from_logits(logits, sampling)
         lap("probs")
         verdict = verify_chain(tokens, probs.to(target_probs.device), target_probs, generator,
-                               eos_token_ids=eos_token_ids, max_tokens=max_tokens, rule=rule)
+                               eos_token_ids=eos_token_ids, max_tokens=max_tokens)
     lap("accept")
     return verdict
 
@@ -95,7 +94,8 @@ def commit_round(
     seconds = {part: parts.get(part, 0.0) for part in ROUND_PARTS}
     verify_time = seconds["forward"] + seconds["probs"] + seconds["accept"] + seconds["cache"]
     result.rounds.append(RoundRecord(
-        len(draft), length, verdict.accepted, len(verdict.tokens), seconds["draft"], verify_time, confidences,
+        proposed=len(draft), verified=length, accepted=verdict.accepted, emitted=len(verdict.tokens),
+        confidences=confidences, draft_time=seconds["draft"], verify_time=verify_time,
         forward_time=seconds["forward"], probs_time=seconds["probs"], accept_time=seconds["accept"],
         cache_time=seconds["cache"], other_time=seconds["other"]))
 
@@ -110,7 +110,6 @@ def speculative_generate(
     max_new_tokens: int = 128,
     seed: int = 0,
     eos_token_ids: tuple[int, ...] = (),
-    rule: AcceptanceRule = "exact",
     kv_cache: str = "dynamic",
 ) -> GenerationResult:
     """Generate up to ``max_new_tokens`` after ``prompt_ids`` (1-D, non-empty).
@@ -131,7 +130,7 @@ def speculative_generate(
         raise ValueError("Pass a verification policy with the drafter, e.g. FixedLength(gamma=5).")
     check_context(model, len(prompt), max_new_tokens)
     policy = policy or FixedLength(0)
-    check_block(drafter, policy.max_draft)
+    check_block(drafter, policy.gamma)
     feature_layers = drafter.feature_layers if drafter is not None else ()
     vocab_size = model.get_output_embeddings().weight.shape[0]
     generator = torch.Generator(device=model.device).manual_seed(seed)
@@ -148,14 +147,14 @@ def speculative_generate(
         watch.lap("other")
         budget = max_new_tokens - len(result.tokens)
         draft = Draft.empty(vocab_size)
-        if drafter is not None and policy.max_draft > 0:
+        if drafter is not None and policy.gamma > 0:
             context = DraftContext(tokens, len(prompt), new_features, vocab_size, admit=policy.admit)
-            draft = drafter.propose(context, min(policy.max_draft, budget - 1), sampling, generator)
+            draft = drafter.propose(context, min(policy.gamma, budget - 1), sampling, generator)
         length = policy.verify_length(draft, budget - 1)
         watch.lap("draft")
         step = session.forward([tokens[-1]] + draft.tokens[:length].tolist())
         watch.lap("forward")
-        verdict = verify_round(draft, length, step.logits, sampling, generator, eos_token_ids, budget, rule, watch.lap)
+        verdict = verify_round(draft, length, step.logits, sampling, generator, eos_token_ids, budget, watch.lap)
         session.rollback(len(tokens) + verdict.accepted)
         if step.features is not None:
             new_features = step.features[: verdict.accepted + 1]

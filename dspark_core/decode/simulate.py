@@ -9,15 +9,17 @@ is verified. What the simulator assumes is that rounds are independent draws: af
 policy cut shorter, the next round is the next measured one, not the one that would have followed.
 
 R concurrent requests: the rounds are shuffled (seeded) and dealt R at a time; each deal is one
-step, one target forward over B = sum_r (l_r + 1) tokens. A step costs
+step, one target forward over B tokens: R x (1 + max_r l_r) when the rows are padded to the longest, as
+the batched engine runs them, or sum_r (l_r + 1) when they are flattened
+(:func:`~dspark_core.decode.policies.forward_tokens`). A step costs
 
     T_step = T_draft(R) + 1 / SPS(B, R)
 
 with T_draft the drafter's cost for R requests (zero for plain decoding and for a step in which the
-scheduler skips drafting, :func:`~dspark_core.decode.policies.worth_drafting`) and SPS a cost model
-read from the profile, the same one the hardware-aware scheduler is given:
-``profile.steps_per_second`` (the default: ceil(B / R) tokens per row, as a padded batch of nearly equal
-rows costs) or ``profile.flattened_steps_per_second`` (B / R, as flattened variable-length kernels cost).
+scheduler skips drafting, :meth:`~dspark_core.decode.policies.VerificationPolicy.worth_drafting`) and SPS a cost model
+read from the profile, the same one the hardware-aware scheduler is given: padded rows with
+``profile.steps_per_second`` (ceil(B / R) tokens per row: the longest row's), the default, or flattened
+rows with ``profile.flattened_steps_per_second`` (B / R, as variable-length kernels cost).
 The policies are the ones decoding uses (:mod:`dspark_core.decode.policies`); nothing here
 re-implements them.
 """
@@ -37,8 +39,7 @@ from .policies import (
     HardwareAware,
     SurvivalThreshold,
     VerificationPolicy,
-    verify_lengths,
-    worth_drafting,
+    forward_tokens,
 )
 from .profile import CostProfile
 
@@ -86,13 +87,14 @@ def conditional_acceptance(rounds: Rounds) -> np.ndarray:
     return accepted / np.maximum(reached, 1)
 
 
-def standard_methods(gamma: int, thresholds: Sequence[float], steps_per_second: StepsPerSecond) -> dict[str, VerificationPolicy]:
+def standard_methods(gamma: int, thresholds: Sequence[float], steps_per_second: StepsPerSecond,
+                     rows: str = "padded") -> dict[str, VerificationPolicy]:
     """Plain decoding, every fixed length 1..gamma, the static survival thresholds and the
-    hardware-aware scheduler (Algorithm 1 reading ``steps_per_second``), by label."""
+    hardware-aware scheduler (Algorithm 1 reading ``steps_per_second`` under the row layout ``rows``), by label."""
     methods: dict[str, VerificationPolicy] = {"plain": FixedLength(0)}
     methods.update({f"fixed-{g}": FixedLength(g) for g in range(1, gamma + 1)})
     methods.update({f"survival-{t:g}": SurvivalThreshold(gamma, t) for t in thresholds})
-    methods[f"hw-{gamma}"] = HardwareAware(gamma, steps_per_second)
+    methods[f"hw-{gamma}"] = HardwareAware(gamma, steps_per_second, rows)
     return methods
 
 
@@ -137,16 +139,17 @@ def replay(
     seed: int = 0,
     drafts: list[Draft] | None = None,
     steps_per_second: StepsPerSecond | None = None,
+    rows: str = "padded",
 ) -> Replay:
     """Replay ``rounds`` under ``policy`` with R = ``requests`` concurrent requests (see the module
     docstring). ``draft_seconds(R)``: the drafter's time per step; ``steps_per_second``: the cost
-    model (default ``profile.steps_per_second``). Rounds left over after the last full deal of R are
+    model (default ``profile.steps_per_second``), charged for the tokens of the row layout ``rows``. Rounds left over after the last full deal of R are
     not used; R = 1 replays every round in its measured order."""
     if len(rounds.accepted) < requests:
         raise ValueError(f"{len(rounds.accepted)} rounds cannot fill a step of R = {requests} requests; "
                          "pass more rounds or a smaller R.")
-    if policy.max_draft > rounds.confidences.shape[1]:
-        raise ValueError(f"{method}: gamma {policy.max_draft} exceeds the {rounds.confidences.shape[1]} positions "
+    if policy.gamma > rounds.confidences.shape[1]:
+        raise ValueError(f"{method}: gamma {policy.gamma} exceeds the {rounds.confidences.shape[1]} positions "
                          "these rounds measured; replay at most that many.")
     if not isinstance(policy, FixedLength) and np.isnan(rounds.confidences).any():
         raise ValueError(f"{method} reads confidences, and these rounds have none (NaN): replay fixed lengths only, "
@@ -155,17 +158,17 @@ def replay(
     sps = steps_per_second or profile.steps_per_second
     order = np.arange(len(drafts)) if requests == 1 else np.random.default_rng(seed).permutation(len(drafts))
     steps = len(order) // requests
-    drafting = policy.max_draft > 0 and worth_drafting(policy, requests)
+    drafting = policy.worth_drafting(requests)
     step_draft = draft_seconds(requests) if drafting else 0.0
     tokens = verified = 0
     seconds = 0.0
     for s in range(steps):
         index = order[s * requests : (s + 1) * requests]
         budgets = rounds.verified[index].tolist()
-        lengths = verify_lengths(policy, [drafts[i] for i in index], budgets) if drafting else [0] * requests
+        lengths = policy.verify_lengths([drafts[i] for i in index], budgets) if drafting else [0] * requests
         verified += sum(lengths)
         tokens += sum(min(int(a), length) + 1 for a, length in zip(rounds.accepted[index], lengths))
-        seconds += step_draft + 1.0 / sps(sum(lengths) + requests, requests)
+        seconds += step_draft + 1.0 / sps(forward_tokens(lengths, rows), requests)
     return Replay(method, requests, steps, tokens, verified, seconds, step_draft * steps)
 
 
@@ -177,16 +180,18 @@ def project(
     draft_seconds: Callable[[int], float],
     seed: int = 0,
     steps_per_second: StepsPerSecond | None = None,
+    rows: str = "padded",
 ) -> list[dict]:
     """One row per (method, R): tau, verified tokens per request, step time, share of it spent
     drafting, per-user and total tokens per second, and the speedups over plain decoding at that R.
-    ``steps_per_second``: the cost model, which the scheduler in ``methods`` should read too."""
+    ``steps_per_second`` and ``rows``: the cost model, which the scheduler in ``methods`` should read too."""
     drafts = _drafts(rounds)
-    rows = []
+    out = []
     for requests in concurrency:
         plain = 1.0 / profile.forward_seconds(1, requests)  # tokens per second per user, plain decoding
         for label, policy in methods.items():
-            row = replay(rounds, label, policy, profile, requests, draft_seconds, seed, drafts, steps_per_second).row()
+            row = replay(rounds, label, policy, profile, requests, draft_seconds, seed, drafts, steps_per_second,
+                         rows).row()
             row["speedup"] = row["per_user_tps"] / plain
-            rows.append(row)
-    return rows
+            out.append(row)
+    return out

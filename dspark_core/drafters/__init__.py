@@ -3,6 +3,5 @@
 from ..core.rounds import Draft, DraftContext, Drafter
 from .draft_lm import DraftLMDrafter
 from .lookup import NgramDrafter, OracleDrafter
-from .registry import DRAFTER_NAMES, build_drafter
 
-__all__ = ["DRAFTER_NAMES", "build_drafter", "Draft", "DraftContext", "Drafter", "DraftLMDrafter", "NgramDrafter", "OracleDrafter"]
+__all__ = ["Draft", "DraftContext", "Drafter", "DraftLMDrafter", "NgramDrafter", "OracleDrafter"]

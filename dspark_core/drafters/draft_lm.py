@@ -83,9 +83,9 @@ class DraftLMDrafter:
         return torch.nn.functional.pad(logits, (0, vocab_size - width), value=float("-inf"))
 
     def propose(
-        self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+        self, context: DraftContext, gamma: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
-        if max_tokens < 1:
+        if gamma < 1:
             return Draft.empty(context.vocab_size)
         tokens = context.tokens
         common = 0
@@ -95,12 +95,12 @@ class DraftLMDrafter:
         self.session.rollback(common)
         logits = self.session.forward(tokens[common:]).logits[-1]
         drafted, rows = [], []
-        for k in range(max_tokens):
+        for k in range(gamma):
             probs = probs_from_logits(self._fit_vocab(logits, context.vocab_size), sampling)
             token = int(probs.argmax()) if sampling.greedy else int(sample(probs, generator))  # greedy q is one-hot
             drafted.append(token)
             rows.append(probs)
-            if k + 1 < max_tokens:
+            if k + 1 < gamma:
                 logits = self.session.forward([token]).logits[-1]
         self.cached = tokens + drafted[:-1]
         return Draft(tokens=torch.tensor(drafted, dtype=torch.long), probs=torch.stack(rows))

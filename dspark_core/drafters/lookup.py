@@ -33,13 +33,13 @@ class NgramDrafter:
     def reset(self) -> None:
         pass
 
-    def propose(self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator=None) -> Draft:
+    def propose(self, context: DraftContext, gamma: int, sampling: SamplingConfig, generator=None) -> Draft:
         tokens = context.tokens
         for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
             suffix = tokens[-n:]
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start : start + n] == suffix:
-                    follow = tokens[start + n : start + n + max_tokens]
+                    follow = tokens[start + n : start + n + gamma]
                     return _one_hot_draft(follow, context.vocab_size)
         return Draft.empty(context.vocab_size)
 
@@ -56,9 +56,9 @@ class OracleDrafter:
     def reset(self) -> None:
         pass
 
-    def propose(self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator=None) -> Draft:
+    def propose(self, context: DraftContext, gamma: int, sampling: SamplingConfig, generator=None) -> Draft:
         generated = context.tokens[context.prompt_len :]
         if generated != self.reference[: len(generated)]:
             return Draft.empty(context.vocab_size)
         offset = len(generated)
-        return _one_hot_draft(self.reference[offset : offset + max_tokens], context.vocab_size)
+        return _one_hot_draft(self.reference[offset : offset + gamma], context.vocab_size)

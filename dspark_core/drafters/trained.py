@@ -21,11 +21,11 @@ from ..core.sampling import SamplingConfig, probs_from_logits, sample
 from ..core.target import target_fingerprint, tokenizer_fingerprint
 from ..decode.calibration import Scaling, load_calibration, sampling_key
 from ..models.config import DrafterConfig
-from ..models.eagle import EagleDrafter
-from ..models.parallel import KV, ParallelDrafter, TargetBoundDrafter, concat_kv
+from ..models.eagle import EagleDraftModel
+from ..models.parallel import KV, ParallelDraftModel, TargetBoundDraftModel, concat_kv
 
 
-def check_drafter_target(drafter: TargetBoundDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
+def check_drafter_target(drafter: TargetBoundDraftModel, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> None:
     """Raise a clear error when the drafter was trained for another target."""
     cfg, target_cfg = drafter.config, model.config
     problems = []
@@ -44,31 +44,31 @@ def check_drafter_target(drafter: TargetBoundDrafter, model: PreTrainedModel, to
 
 def load_trained_drafter(
     path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
-) -> BlockDrafter | EagleServing:
+) -> BlockDrafter | EagleDrafter:
     """Load a saved drafter folder (config.json + model.safetensors) and bind it to the target.
     Its ``checksums.sha256``, when present, is checked first (a mismatch is a clear error)."""
     if Path(path).is_dir():
         verify_checksums(Path(path))
     try:
         config = DrafterConfig.from_pretrained(path)
-        cls = EagleDrafter if config.kind == "eagle" else ParallelDrafter
+        cls = EagleDraftModel if config.kind == "eagle" else ParallelDraftModel
         drafter = load_weights(cls(config), Path(path)).to(model.device)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise ValueError(f"Could not load the drafter checkpoint at {path}: it is missing, truncated or corrupt "
                          f"({type(err).__name__}: {err}). Re-create it with `dspark train` or restore the file.") from err
     if config.kind == "eagle":
-        return EagleServing(drafter, model, tokenizer)
+        return EagleDrafter(drafter, model, tokenizer)
     return BlockDrafter(drafter, model, tokenizer, calibration=load_calibration(Path(path)))
 
 
-def _bind(drafter: TargetBoundDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> TargetBoundDrafter:
+def _bind(drafter: TargetBoundDraftModel, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> TargetBoundDraftModel:
     check_drafter_target(drafter, model, tokenizer)
     drafter.attach_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
     return drafter.eval()
 
 
 def _draft_from_logits(
-    drafter: TargetBoundDrafter, logits: torch.Tensor, sampling: SamplingConfig, generator, vocab_size: int
+    drafter: TargetBoundDraftModel, logits: torch.Tensor, sampling: SamplingConfig, generator, vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token from draft-vocabulary logits [Vd]; returns (target id, q over the target vocabulary [V]).
 
@@ -83,10 +83,10 @@ def _draft_from_logits(
 
 
 class _ServedDrafter:
-    """What serving every trained drafter shares: binding to the target, the per-sequence context
+    """What serving every trained draft model shares: binding to the target, the per-sequence context
     (keys/values of committed tokens only) and the check that each round extended it correctly."""
 
-    def __init__(self, drafter: TargetBoundDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
+    def __init__(self, drafter: TargetBoundDraftModel, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase):
         self.drafter = _bind(drafter, model, tokenizer)
         self.feature_layers = tuple(drafter.config.feature_layers)
         self.reset()
@@ -104,12 +104,12 @@ class _ServedDrafter:
         """Add the next ``n`` committed tokens (features [n, m, d_t]) to the context."""
         raise NotImplementedError
 
-    def _draft(self, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
+    def _draft(self, gamma: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         raise NotImplementedError
 
     @torch.inference_mode()
     def propose(
-        self, context: DraftContext, max_tokens: int, sampling: SamplingConfig, generator: torch.Generator | None
+        self, context: DraftContext, gamma: int, sampling: SamplingConfig, generator: torch.Generator | None
     ) -> Draft:
         if context.new_features is not None and context.new_features.shape[0]:
             self._extend(context.new_features.to(self.drafter.dtype), context.tokens)
@@ -117,19 +117,19 @@ class _ServedDrafter:
         if self.ctx_len != len(context.tokens) - 1 or self.kv is None:
             raise RuntimeError(f"drafter context holds {self.ctx_len} tokens, expected {len(context.tokens) - 1}: "
                                "call reset() before a new sequence and pass every round's new_features")
-        length = min(max_tokens, self.block_size)
-        if length < 1:
+        gamma = min(gamma, self.block_size)
+        if gamma < 1:
             return Draft.empty(context.vocab_size)
-        return self._draft(length, sampling, generator, context)
+        return self._draft(gamma, sampling, generator, context)
 
 
 class BlockDrafter(_ServedDrafter):
-    """Drafts one block per round with a :class:`ParallelDrafter` (dflash / dspark).
+    """Drafts one block per round with a :class:`ParallelDraftModel` (dflash / dspark).
 
     ``calibration`` maps a sampling key (see :func:`sampling_key`) to a :class:`Scaling` (STS); the
     dspark confidences are rescaled with it when serving at that sampling temperature."""
 
-    def __init__(self, drafter: ParallelDrafter, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+    def __init__(self, drafter: ParallelDraftModel, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                  calibration: dict[str, Scaling] | None = None):
         super().__init__(drafter, model, tokenizer)
         self.calibration = calibration or {}
@@ -149,7 +149,7 @@ class BlockDrafter(_ServedDrafter):
             value = scaling(value, k)
         return float(np.float32(value[0]))
 
-    def _draft(self, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
+    def _draft(self, gamma: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         device = self.kv[0][0].device
         anchor_id = torch.tensor([[context.tokens[-1]]], device=device)
         visible = torch.ones(1, 1, self.ctx_len, dtype=torch.bool, device=device)
@@ -157,7 +157,7 @@ class BlockDrafter(_ServedDrafter):
         dspark = self.drafter.config.kind == "dspark"
         tokens, rows, confidences = [], [], []
         prev, state, rest = anchor_id[0, 0], None, None
-        for k in range(length):
+        for k in range(gamma):
             bias = 0.0
             if dspark:  # c_k comes before token k: a stop rule can end the block without drafting it
                 bias, conf, state = self.drafter.head_step(hidden[k], self.drafter.to_draft_ids(prev), state)
@@ -170,7 +170,7 @@ class BlockDrafter(_ServedDrafter):
             if k == 0:
                 row = self.drafter.base_logits(hidden[0])
             else:
-                rest = self.drafter.base_logits(hidden[1:length]) if rest is None else rest  # [l - 1, Vd]
+                rest = self.drafter.base_logits(hidden[1:gamma]) if rest is None else rest  # [gamma - 1, Vd]
                 row = rest[k - 1]
             row = row + bias
             prev, q = _draft_from_logits(self.drafter, row, sampling, generator, context.vocab_size)
@@ -183,8 +183,8 @@ class BlockDrafter(_ServedDrafter):
                      confidences=torch.tensor(confidences, dtype=torch.float32) if dspark else None)
 
 
-class EagleServing(_ServedDrafter):
-    """Drafts autoregressively with an :class:`EagleDrafter`: one small forward per draft token."""
+class EagleDrafter(_ServedDrafter):
+    """Drafts autoregressively with an :class:`EagleDraftModel`: one small forward per draft token."""
 
     def reset(self) -> None:
         super().reset()
@@ -198,14 +198,14 @@ class EagleServing(_ServedDrafter):
         h, self.kv = self.drafter.encode_context(features[None], next_tokens, past, start)
         self.last_h = h[:, -1:]
 
-    def _draft(self, length: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
+    def _draft(self, gamma: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         h, past, vocab_size = self.last_h, self.kv, context.vocab_size
         tokens, rows = [], []
-        for k in range(length):
+        for k in range(gamma):
             token, q = _draft_from_logits(self.drafter, self.drafter.base_logits(h[0, 0]), sampling, generator, vocab_size)
             tokens.append(token)
             rows.append(q)
-            if k + 1 < length:
+            if k + 1 < gamma:
                 pos = torch.tensor([[self.ctx_len + k]], device=h.device)
                 mask = torch.ones(1, 1, past[0][0].shape[2] + 1, dtype=torch.bool, device=h.device)
                 h, own = self.drafter.run(self.drafter.step_inputs(h, token.view(1, 1)), pos, past, mask)

@@ -1,6 +1,6 @@
 """Draft cost of a dspark drafter sized like a target: seconds per round vs concurrent requests and depth.
 
-The drafter is this repository's :class:`ParallelDrafter` (Markov head, random weights, eager PyTorch)
+The drafter is this repository's :class:`ParallelDraftModel` (Markov head, random weights, eager PyTorch)
 sized as ``dspark train`` sizes it: each draft layer like one target layer, the target's embedding and
 LM head shared (restricted to ``shape.draft_vocab`` tokens). One round for R requests, greedy, is
 
@@ -24,13 +24,13 @@ import torch
 from ..decode.profile import summarize, time_calls
 from ..decode.shapes import TargetShape
 from ..models.config import DrafterConfig
-from ..models.parallel import ParallelDrafter
+from ..models.parallel import ParallelDraftModel
 
 FEATURES = 3  # fused target layers, as the shipped drafters fuse (2, 15, 28)
 
 
 def drafter_for_shape(shape: TargetShape, layers: int, block: int, device: str | torch.device,
-                      dtype: torch.dtype) -> ParallelDrafter:
+                      dtype: torch.dtype) -> ParallelDraftModel:
     """A random-weight dspark-markov drafter of ``layers`` draft layers for a target of ``shape``,
     with random stand-ins for the target's embedding and LM head attached."""
     depth = shape.num_hidden_layers
@@ -42,14 +42,14 @@ def drafter_for_shape(shape: TargetShape, layers: int, block: int, device: str |
         target_hidden_size=shape.hidden_size, target_vocab_size=shape.vocab_size,
     )
     with torch.device(device):
-        drafter = ParallelDrafter(config).to(dtype).eval()
+        drafter = ParallelDraftModel(config).to(dtype).eval()
         table = torch.randn(shape.vocab_size, shape.hidden_size, dtype=dtype) * 0.02
     drafter.attach_target(table, table)
     return drafter
 
 
 @torch.inference_mode()
-def draft_round(drafter: ParallelDrafter, ctx_kv: list, anchors: torch.Tensor, context: int,
+def draft_round(drafter: ParallelDraftModel, ctx_kv: list, anchors: torch.Tensor, context: int,
                 new_features: torch.Tensor) -> torch.Tensor:
     """One greedy drafting round for R requests; returns the drafted draft-vocabulary ids [R, g].
 

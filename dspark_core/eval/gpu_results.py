@@ -72,7 +72,7 @@ def profile_shape(
         seconds, spread = measure_draft_cost(shape, draft_layers, requests, context, block, device, dtype, repeats, warmup)
         for profile in profiles:
             profile.draft = seconds
-            profile.meta["draft"] = {"drafter": "dspark-markov ParallelDrafter, random weights, eager, greedy",
+            profile.meta["draft"] = {"drafter": "dspark-markov ParallelDraftModel, random weights, eager, greedy",
                                      "block": block, "draft_vocab": shape.draft_vocab, "spread": spread}
     if torch.device(device).type == "cuda":
         torch.cuda.empty_cache()

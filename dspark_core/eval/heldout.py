@@ -29,7 +29,7 @@ from ..data.features import FeatureSpec, FeatureStore, build_feature_store
 from ..data.sequences import Sequences
 from ..drafters.trained import load_trained_drafter
 from ..models.losses import expected_tau
-from ..models.parallel import TargetBoundDrafter
+from ..models.parallel import TargetBoundDraftModel
 from ..train.drafters import held_out_acceptance
 
 
@@ -61,7 +61,7 @@ def selection_store(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
 
 
 @torch.no_grad()
-def domain_acceptance(drafter: TargetBoundDrafter, store: FeatureStore) -> pd.DataFrame:
+def domain_acceptance(drafter: TargetBoundDraftModel, store: FeatureStore) -> pd.DataFrame:
     """One row per domain (and ``mean``, the mean over domains): the share of the target's greedy tokens
     outside the draft vocabulary (a cap on acceptance), greedy conditional acceptance a1..ag, expected
     tau from them, and the same at temperature 1 (analytic)."""
@@ -100,11 +100,11 @@ def evaluate_folder(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedT
     return table
 
 
-def selection_curve(store: FeatureStore, out_file: Path) -> Callable[[int, TargetBoundDrafter], None]:
+def selection_curve(store: FeatureStore, out_file: Path) -> Callable[[int, TargetBoundDraftModel], None]:
     """A training ``on_save`` hook: append the step's mean greedy a1 and expected tau (greedy and
     sampled) on the selection set to ``out_file``, to see when held-out acceptance stops rising."""
 
-    def measure(step: int, drafter: TargetBoundDrafter) -> None:
+    def measure(step: int, drafter: TargetBoundDraftModel) -> None:
         mean = domain_acceptance(drafter, store).loc["mean"]
         row = pd.DataFrame([{"step": step, "greedy_a1": mean["greedy_a1"], "greedy_tau": mean["greedy_tau"],
                              "sampled_tau": mean["sampled_tau"]}])

@@ -1,7 +1,7 @@
 """Layer 3, drafter models: configuration, modelling, losses."""
 
 from .config import DrafterConfig
-from .eagle import EagleDrafter
+from .eagle import EagleDraftModel
 from .losses import (
            RECIPES,
            drafter_loss,
@@ -10,7 +10,7 @@ from .losses import (
            position_weights,
            soft_acceptance,
 )
-from .parallel import ParallelDrafter, TargetBoundDrafter
+from .parallel import ParallelDraftModel, TargetBoundDraftModel
 
-__all__ = ["DrafterConfig", "EagleDrafter", "ParallelDrafter", "RECIPES", "TargetBoundDrafter", "drafter_loss",
+__all__ = ["DrafterConfig", "EagleDraftModel", "ParallelDraftModel", "RECIPES", "TargetBoundDraftModel", "drafter_loss",
            "expected_tau", "l1_distance", "position_weights", "soft_acceptance"]

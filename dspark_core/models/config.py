@@ -9,7 +9,7 @@ HEADS = ("none", "markov", "rnn")
 
 
 class DrafterConfig(PretrainedConfig):
-    """A parallel block drafter conditioned on a frozen target.
+    """Configuration of a trained draft model (eagle / dflash / dspark) conditioned on a frozen target.
 
     kind:  ``eagle`` (autoregressive head on fused target features), ``dflash`` (parallel backbone
            only) or ``dspark`` (backbone + sequential head + confidence head).

@@ -1,4 +1,4 @@
-"""An Eagle3-style autoregressive drafter on fused multi-layer target features.
+"""An Eagle3-style autoregressive draft model on fused multi-layer target features.
 
 At context position t the input pairs the fused target feature ``f_t`` (eq. 2) with the embedding
 of the next token: ``x_t = W_in [RMSNorm(E[x_{t+1}]); f_t]``; causal layers over these inputs give
@@ -17,10 +17,10 @@ import torch
 from torch import nn
 
 from .config import DrafterConfig
-from .parallel import KV, RMSNorm, TargetBoundDrafter, concat_kv
+from .parallel import KV, RMSNorm, TargetBoundDraftModel, concat_kv
 
 
-class EagleDrafter(TargetBoundDrafter):
+class EagleDraftModel(TargetBoundDraftModel):
     def __init__(self, config: DrafterConfig):
         super().__init__(config)
         self.embed_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -66,7 +66,7 @@ class EagleDrafter(TargetBoundDrafter):
         ctx_visible: torch.Tensor,
         prev_tokens: torch.Tensor,
     ) -> tuple[torch.Tensor, None]:
-        """Training-time test over n blocks per sequence. Shapes as :meth:`ParallelDrafter.forward`,
+        """Training-time test over n blocks per sequence. Shapes as :meth:`ParallelDraftModel.forward`,
         plus ctx_next_tokens [B, T] (x_{t+1} for each context position t). Returns logits [B, n, g, Vd]."""
         batch, n = anchors.shape
         h_ctx, ctx_kv = self.encode_context(features, ctx_next_tokens, self.empty_kv(batch, features.device), 0)

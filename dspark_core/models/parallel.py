@@ -1,4 +1,4 @@
-"""The parallel block drafter (DFlash-style backbone) and DSpark's sequential and confidence heads.
+"""The parallel block draft model (DFlash-style backbone) and DSpark's sequential and confidence heads.
 
 Shapes: B batch, T context tokens, N block tokens (n blocks of g), d hidden size, m fused target
 layers, Vd draft vocabulary, r head rank.
@@ -16,7 +16,7 @@ Markov ``B = W1[x_{k-1}] W2`` or RNN ``s_k = g * s_{k-1} + (1 - g) * tanh(W_c z_
 ``c_k = sigmoid(w . [h_k; W1[x_{k-1}]])``. Position 1 uses the anchor as ``x_0``.
 
 The target's embedding and LM head are shared and frozen: they are attached with
-:meth:`ParallelDrafter.attach_target` and never saved with the drafter.
+:meth:`ParallelDraftModel.attach_target` and never saved with the drafter.
 """
 
 from __future__ import annotations
@@ -112,8 +112,8 @@ class DraftLayer(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h)), (own_k, own_v)
 
 
-class TargetBoundDrafter(PreTrainedModel):
-    """What every trained drafter shares: fusion of target features (eq. 2), a reduced draft
+class TargetBoundDraftModel(PreTrainedModel):
+    """What every trained draft model shares: fusion of target features (eq. 2), a reduced draft
     vocabulary (``draft_token_ids``, target ids), and the target's frozen embedding and LM head,
     attached at load time and never saved."""
 
@@ -173,7 +173,7 @@ class TargetBoundDrafter(PreTrainedModel):
         return hidden @ self.target_part("head").T
 
 
-class ParallelDrafter(TargetBoundDrafter):
+class ParallelDraftModel(TargetBoundDraftModel):
     """DFlash backbone, with DSpark's sequential head and confidence head when ``config.kind == 'dspark'``."""
 
     def __init__(self, config: DrafterConfig):
@@ -190,7 +190,7 @@ class ParallelDrafter(TargetBoundDrafter):
 
     def _init_weights(self, module: nn.Module) -> None:
         super()._init_weights(module)
-        if isinstance(module, ParallelDrafter) and module.config.kind == "dspark":
+        if isinstance(module, ParallelDraftModel) and module.config.kind == "dspark":
             nn.init.zeros_(module.w2.weight)  # the head starts as a no-op on the backbone's logits
 
     # ----------------------------------------------------------------------------- backbone

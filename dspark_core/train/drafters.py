@@ -32,14 +32,14 @@ from ..data.features import FeatureStore
 from ..data.sequences import Sequences, Span
 from ..models import (
     DrafterConfig,
-    EagleDrafter,
-    ParallelDrafter,
+    EagleDraftModel,
+    ParallelDraftModel,
     drafter_loss,
     expected_tau,
     soft_acceptance,
 )
 from ..models.losses import l1_distance
-from ..models.parallel import TargetBoundDrafter
+from ..models.parallel import TargetBoundDraftModel
 from .config import TrainConfig
 from .loop import fit, save_checkpoint
 
@@ -109,7 +109,7 @@ def drafter_inputs(batch: dict) -> dict:
     return {name: batch[name] for name in names}
 
 
-def target_probs_on_draft_vocab(drafter: TargetBoundDrafter, top_ids: torch.Tensor, top_probs: torch.Tensor):
+def target_probs_on_draft_vocab(drafter: TargetBoundDraftModel, top_ids: torch.Tensor, top_probs: torch.Tensor):
     """p_t on the draft vocabulary [..., Vd] from the target's top-k ids / probabilities [..., k], and
     the mass it puts outside [...] (outside the draft vocabulary, or beyond the stored top k)."""
     vd = drafter.config.draft_vocab_size
@@ -118,7 +118,7 @@ def target_probs_on_draft_vocab(drafter: TargetBoundDrafter, top_ids: torch.Tens
     return p, (1.0 - p.sum(-1)).clamp_min(0.0)
 
 
-def compute_loss(drafter: TargetBoundDrafter, model: torch.nn.Module, batch: dict, loss: str) -> dict[str, torch.Tensor]:
+def compute_loss(drafter: TargetBoundDraftModel, model: torch.nn.Module, batch: dict, loss: str) -> dict[str, torch.Tensor]:
     """Loss terms of one batch; ``model`` is ``drafter`` or its accelerate-wrapped version."""
     logits, confidences = model(**drafter_inputs(batch))
     p_t, outside = target_probs_on_draft_vocab(drafter, batch["top_ids"], batch["top_probs"])
@@ -126,7 +126,7 @@ def compute_loss(drafter: TargetBoundDrafter, model: torch.nn.Module, batch: dic
 
 
 @torch.no_grad()
-def held_out_acceptance(drafter: TargetBoundDrafter, store: FeatureStore, rows: np.ndarray, g: int) -> dict[str, list[float]]:
+def held_out_acceptance(drafter: TargetBoundDraftModel, store: FeatureStore, rows: np.ndarray, g: int) -> dict[str, list[float]]:
     """Per position on held-out sequences, teacher-forced: ``sampled``, the mean analytic acceptance
     1 - ||p_d - p_t||_1 / 2 at temperature 1 (against the stored top-k, so a lower bound), and
     ``greedy``, the share of blocks whose draft argmax equals the target's argmax at position k
@@ -164,11 +164,11 @@ def frequent_tokens(store: FeatureStore, rows: np.ndarray, size: int) -> tuple[t
 
 
 def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                        draft_token_ids: torch.Tensor) -> TargetBoundDrafter:
+                        draft_token_ids: torch.Tensor) -> TargetBoundDraftModel:
     """A fresh drafter sized like one target layer, bound to the target, with its draft vocabulary
     (and, with ``init_from_target``, its layers copied from the target's last ones)."""
     tc = model.config
-    cls = EagleDrafter if config.drafter == "eagle" else ParallelDrafter
+    cls = EagleDraftModel if config.drafter == "eagle" else ParallelDraftModel
     drafter = cls(DrafterConfig(
         kind=config.drafter, head=config.head, block_size=config.block, num_layers=config.layers,
         hidden_size=tc.hidden_size, num_heads=tc.num_attention_heads, num_kv_heads=tc.num_key_value_heads,
@@ -186,7 +186,7 @@ def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: 
     return drafter
 
 
-def copy_target_layers(drafter: TargetBoundDrafter, model: PreTrainedModel) -> None:
+def copy_target_layers(drafter: TargetBoundDraftModel, model: PreTrainedModel) -> None:
     """Draft layer j starts as target decoder layer L - n + j (the target's top n layers): attention
     and MLP projections and both norms; the drafter's own keys/values of the context come from the
     same projections applied to the fused features."""
@@ -233,7 +233,7 @@ def train(
     store: FeatureStore,
     out_dir: Path,
     on_save: Callable[[int, torch.nn.Module], None] | None = None,
-) -> TargetBoundDrafter:
+) -> TargetBoundDraftModel:
     """Train (or resume) an eagle / dflash / dspark drafter into ``out_dir``; returns it bound to the target.
     ``on_save(step, drafter)`` runs at every checkpoint."""
     out_dir.mkdir(parents=True, exist_ok=True)
