@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test bench bench-full bench-scheduled data data-build recipe train-drafters train-quick clean-cache soak gpu-results peers
+.PHONY: setup run test test-fast lint lab notebooks bench bench-full bench-scheduled data data-build recipe train-drafters train-quick clean-cache soak gpu-results peers
 
 setup: $(STAMP)
 
@@ -34,9 +34,34 @@ bench-full: setup
 bench-scheduled: setup
 	$(BIN)/dspark bench --profile scheduled $(FRESH)
 
-# Tests: exact algebra, statistics, greedy identity on the default target, CLI, notebooks (papermill).
-test: setup
+# Tests: ruff, then exact algebra, statistics, greedy identity on the default target, CLI, notebooks
+# (papermill, small parameters, into temporary folders). pytest's exit code 5 (no tests ran) fails the run.
+test: lint
 	$(BIN)/python -m pytest -q
+
+# The unit tests that load no model, run no CLI or notebook and sample for no more than a few seconds
+# (the `slow` marker, tests/conftest.py): under a minute.
+test-fast: lint
+	$(BIN)/python -m pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check dspark_core tests notebooks
+
+# JupyterLab on the notebooks (installed by the dev extra).
+lab: setup
+	$(BIN)/jupyter lab notebooks
+
+# Re-publish every notebook: execute it at its full-size defaults in place, figures into figures/
+# (about 1 h on 2 cores; run on a quiet machine, the notebooks time things). NB=05_scheduling publishes one;
+# NB_PARAMS="-p torch_threads 2" passes parameters to every notebook (each has torch_threads).
+# A run with your own parameters belongs elsewhere: papermill notebooks/X.ipynb out.ipynb -p ... writes its
+# figures to a new figures/runs/ folder unless you pass figures_dir.
+NB ?= 01_theory 02_implementation 03_training 04_ablations 05_scheduling 06_gpu_results
+notebooks: setup
+	mkdir -p notebooks/executed
+	cd notebooks && for nb in $(NB); do \
+		../$(BIN)/papermill $$nb.ipynb executed/$$nb.ipynb --cwd . -p figures_dir figures $(NB_PARAMS) \
+			&& mv executed/$$nb.ipynb $$nb.ipynb || exit 1; done
 
 # The engine soak at scale: 2,000 requests of up to 160 + 96 tokens, 16 at a time, under fixed lengths and
 # the hardware-aware scheduler (about 5 minutes on 2 cores; `make test` runs 200). Prints its figures.

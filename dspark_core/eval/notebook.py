@@ -1,9 +1,14 @@
-"""What a notebook's set-up cells share: parameter checks whose errors say what to change, and the
-repository root (papermill may start the kernel in ``notebooks/`` or at the root)."""
+"""What the notebooks' set-up cells share: parameter checks whose errors say what to change, the
+repository root (papermill may start the kernel in ``notebooks/`` or at the root) and where figures go."""
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
+
+from ..core.provenance import timestamp
+
+PUBLISHED_FIGURES = "figures"  # the committed figures; written only when a run names this folder (make notebooks)
 
 
 def require(condition: bool, message: str) -> None:
@@ -27,9 +32,20 @@ def int_list(value, low: int = 1, high: int | None = None) -> bool:
             and (high is None or all(v <= high for v in value)) and len(set(value)) == len(value))
 
 
-def folder_or_none(value) -> bool:
-    """None, or a non-empty path string."""
-    return value is None or (isinstance(value, str) and value.strip() != "")
+def folder_or(value, *words: str) -> bool:
+    """None, one of ``words`` (such as "auto"), or a non-empty path string."""
+    return value is None or value in words or (isinstance(value, str) and value.strip() != "")
+
+
+def as_list(value, name: str) -> list:
+    """A list/tuple, or a string such as "[1, 2, 4]" or "1,2,4" (``papermill -p`` passes strings)."""
+    if isinstance(value, str):
+        text = value.strip()
+        parsed = ast.literal_eval(text if text.startswith("[") else f"[{text}]")
+        value = list(parsed) if isinstance(parsed, (list, tuple)) else [parsed]
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{name} must be a list, e.g. -y '{name}: [1, 2, 4]'; got {value!r}")
+    return list(value)
 
 
 def find_repo_root() -> Path:
@@ -39,3 +55,17 @@ def find_repo_root() -> Path:
         if (folder / "dspark_core").is_dir() and (folder / "pyproject.toml").is_file():
             return folder
     return Path(__file__).resolve().parents[2]
+
+
+def figures_folder(figures_dir: str | None, root: Path, notebook: str) -> Path:
+    """The folder a notebook writes its figures to, created: ``figures_dir`` (relative to the repository
+    root), or by default a fresh ``figures/runs/<notebook>-<time>/``, so that a run on one's own settings
+    never overwrites the published figures in ``figures/`` (``make notebooks`` names that folder)."""
+    if figures_dir:
+        folder = Path(figures_dir).expanduser()
+        folder = folder if folder.is_absolute() else root / folder
+    else:
+        folder = root / PUBLISHED_FIGURES / "runs" / f"{notebook}-{timestamp()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
