@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from .core.paths import RESULTS_DIR
 from .core.prompts import first_turn_messages, load_prompt_set
 from .core.provenance import timestamp
 from .core.rounds import GenerationResult
@@ -40,7 +41,6 @@ from .drafters.registry import shipped_drafter as drafter_folder
 from .eval.bench import (
     BENCHMARKS,
     PROFILES,
-    RESULTS_DIR,
     BenchSettings,
     benchmark_path,
     report,

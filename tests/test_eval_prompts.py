@@ -6,8 +6,9 @@ import sys
 
 import pytest
 
+from dspark_core.core.paths import PROMPT_DIR
 from dspark_core.core.prompts import load_prompt_set
-from dspark_core.data.eval_prompts import EVAL_SETS, PROMPT_DIR, humaneval_prompts
+from dspark_core.data.eval_prompts import EVAL_SETS, humaneval_prompts
 
 DOMAINS = {"humaneval.jsonl": "code", "math.jsonl": "math", "chat.jsonl": "chat", "long_input.jsonl": "long-input",
            "format.jsonl": "format"}

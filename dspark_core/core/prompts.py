@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SMOKE_PROMPTS = REPO_ROOT / "data" / "prompts" / "smoke.jsonl"
+from .paths import PROMPT_DIR
+
+SMOKE_PROMPTS = PROMPT_DIR / "smoke.jsonl"
 
 
 def load_prompt_set(path: str | Path = SMOKE_PROMPTS) -> list[dict]:

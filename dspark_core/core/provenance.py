@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from .prompts import REPO_ROOT
+from .paths import REPO_ROOT
 
 
 def git_commit() -> str:

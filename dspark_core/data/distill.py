@@ -31,7 +31,8 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
 from ..core.jsonl import append_jsonl, read_jsonl
-from ..core.prompts import REPO_ROOT, load_prompt_set
+from ..core.paths import REPO_ROOT
+from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
 from ..core.sampling import SamplingConfig, probs_from_logits, sample
 from ..core.target import (

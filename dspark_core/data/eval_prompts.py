@@ -26,9 +26,8 @@ from collections.abc import Callable
 from datetime import date, timedelta
 from pathlib import Path
 
-from ..core.prompts import REPO_ROOT
+from ..core.paths import PROMPT_DIR
 
-PROMPT_DIR = REPO_ROOT / "data" / "prompts"
 SEED = 2026
 
 NAMES = ["Amara", "Bruno", "Celine", "Dmitri", "Esme", "Fatima", "Gustav", "Hana", "Idris", "Joelle", "Kofi",

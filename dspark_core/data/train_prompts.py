@@ -23,9 +23,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ..core.prompts import REPO_ROOT
+from ..core.paths import PROMPT_DIR
 
-TRAIN_PROMPTS = REPO_ROOT / "data" / "prompts" / "train.jsonl"
+TRAIN_PROMPTS = PROMPT_DIR / "train.jsonl"
 DEFAULT_COUNTS = {"math": 1500, "code": 1500, "chat": 1200, "long-input": 800}
 
 NAMES = ["Ava", "Ben", "Chloe", "Dev", "Elena", "Farid", "Grace", "Hugo", "Ines", "Jonas", "Kira", "Leo", "Maya",

@@ -26,14 +26,14 @@ from pathlib import Path
 
 import numpy as np
 
-from ..core.prompts import REPO_ROOT, load_prompt_set
+from ..core.paths import PROMPT_DIR
+from ..core.prompts import load_prompt_set
 from . import distill, sharegpt
 from .eval_prompts import EVAL_SETS
 from .overlap import OverlapIndex, normalise
 from .sequences import Sequences, fixed_conversations
 from .train_prompts import TRAIN_PROMPTS
 
-PROMPT_DIR = REPO_ROOT / "data" / "prompts"
 DISTILL_PROMPTS = PROMPT_DIR / "distill.jsonl"
 CONVERSATIONS = PROMPT_DIR / "conversations.json"
 CALIBRATION_PROMPTS = PROMPT_DIR / "calibration.jsonl"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..core.prompts import REPO_ROOT
+from ..core.paths import REPO_ROOT
 from ..core.rounds import Drafter
 from ..core.target import DEFAULT_TARGET
 from .draft_lm import DraftLMDrafter, load_draft_lm

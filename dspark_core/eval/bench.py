@@ -53,7 +53,8 @@ from ..core.jsonl import (
     read_jsonl,
 )
 from ..core.limits import check_block, context_overflow
-from ..core.prompts import REPO_ROOT, load_prompt_set
+from ..core.paths import PROMPT_DIR
+from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
 from ..core.rounds import ROUND_PARTS, GenerationResult
 from ..core.sampling import SamplingConfig
@@ -65,8 +66,6 @@ from ..drafters.draft_lm import load_draft_lm
 from ..drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter
 from .llamacpp import LLAMACPP, LOOKUP_TOKENS, LlamaCppPeer, require_llama_cpp
 
-PROMPT_DIR = REPO_ROOT / "data" / "prompts"
-RESULTS_DIR = REPO_ROOT / "data" / "results"
 BENCHMARKS = ("math", "humaneval", "chat", "long_input", "format")
 PEERS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 KEY = ("temperature", "benchmark", "prompt_id", "turn")  # one measured turn: its rows are written together

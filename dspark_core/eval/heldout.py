@@ -21,10 +21,11 @@ import pandas as pd
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from ..core.paths import PROMPT_DIR
 from ..core.prompts import load_prompt_set
 from ..core.target import cache_dir, encode_prompt, eos_token_ids, target_fingerprint
 from ..data.distill import DistillSettings, answer_batch
-from ..data.eval_prompts import EVAL_SETS, PROMPT_DIR
+from ..data.eval_prompts import EVAL_SETS
 from ..data.features import FeatureSpec, FeatureStore, build_feature_store
 from ..data.sequences import Sequences
 from ..drafters.trained import load_trained_drafter
