@@ -71,7 +71,6 @@ def _serving_dtype(name: str, device: str) -> torch.dtype:
     """The torch dtype of ``--dtype``; ``auto`` is resolved (and says why) by :func:`serving_dtype`."""
     if name != "auto":
         return DTYPES[name]
-
     chosen, why = serving_dtype(device)
     print(f"dtype: {chosen} ({why})", file=sys.stderr)
     return DTYPES[chosen]
@@ -259,7 +258,6 @@ def cmd_train(args: argparse.Namespace) -> None:
             return
         on_save = None
         if args.selection:
-
             curve = Path(args.out) / "selection-curve.csv"
             on_save = selection_curve(selection_store(model, tokenizer, config.feature_layers), curve)
         trained = train(config, model, tokenizer, store, Path(args.out), on_save)
@@ -392,7 +390,6 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the target's dtype while answering (the answers are training text; bfloat16 is faster here)")
     data.add_argument("--device", default="cpu")
     data.set_defaults(func=cmd_data)
-
 
     tc = TrainConfig()
     trn = sub.add_parser("train", help="train a drafter (eagle, dflash, dspark, draft-lm) on the training text")

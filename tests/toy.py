@@ -13,7 +13,7 @@ from collections import defaultdict
 import torch
 
 from dspark_core import SamplingConfig, probs_from_logits
-from dspark_core.core.lossy import threshold_acceptance
+from dspark_core.core.lossy import threshold_rule
 from dspark_core.core.verification import acceptance_probability, residual
 
 
@@ -60,7 +60,7 @@ def rule_parts(rule: str, threshold: float = 0.1):
     if rule == "exact":
         return acceptance_probability, residual
     if rule == "lossy-threshold":
-        return (lambda p_x, q_x: threshold_acceptance(p_x, threshold)), (lambda p, q: p)
+        return threshold_rule(threshold)
     raise ValueError(f"unknown acceptance rule {rule!r}; use 'exact' or 'lossy-threshold'")
 
 

@@ -9,6 +9,8 @@ decoding uses it; it exists only so that its error can be measured next to the e
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from .verification import Verdict, walk_chain
@@ -18,6 +20,12 @@ def threshold_acceptance(p_x: torch.Tensor, threshold: float) -> torch.Tensor:
     """``p_x`` where ``p_x > threshold``, else 0, elementwise (any shape): the threshold rule's
     probability of accepting a draft token with target probability ``p_x``. NOT lossless."""
     return torch.where(p_x > threshold, p_x, torch.zeros_like(p_x))
+
+
+def threshold_rule(threshold: float) -> tuple[Callable, Callable]:
+    """The threshold rule's two parts for :func:`~dspark_core.core.verification.walk_chain`: acceptance
+    ``(p_x, q_x) -> threshold_acceptance(p_x)`` and rejection ``(p, q) -> p`` (resample from the target)."""
+    return (lambda p_x, q_x: threshold_acceptance(p_x, threshold)), (lambda p, q: p)
 
 
 def verify_chain_threshold(
@@ -36,6 +44,5 @@ def verify_chain_threshold(
     :func:`threshold_acceptance` of ``p_k(x_k)``, at the first rejection resamples from ``p_k`` itself
     (not the residual), and with all ``l`` accepted emits a bonus token from ``p_{l+1}``.
     """
-    return walk_chain(draft_tokens, draft_probs, target_probs, generator,
-                      lambda p_x, q_x: threshold_acceptance(p_x, threshold), lambda p, q: p,
+    return walk_chain(draft_tokens, draft_probs, target_probs, generator, *threshold_rule(threshold),
                       eos_token_ids=eos_token_ids, max_tokens=max_tokens)

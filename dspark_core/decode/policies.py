@@ -107,16 +107,20 @@ class SurvivalThreshold(_Threshold):
 ROW_LAYOUTS = ("padded", "flattened")
 
 
+def check_rows(rows: str) -> None:
+    if rows not in ROW_LAYOUTS:
+        raise ValueError(f"rows must be one of {ROW_LAYOUTS}, got {rows!r}")
+
+
 def forward_tokens(lengths: Sequence[int], rows: str = "padded") -> int:
     """Tokens the target's forward runs to verify l_1..l_R draft tokens (each request adds its anchor).
 
     ``"padded"``: R x (1 + max l), every row padded to the longest, as the batched engine runs them;
     ``"flattened"``: R + sum l, the rows packed into one variable-length batch (paper section 5.3)."""
+    check_rows(rows)
     if rows == "padded":
         return len(lengths) * (1 + max(lengths, default=0))
-    if rows == "flattened":
-        return len(lengths) + sum(lengths)
-    raise ValueError(f"rows must be one of {ROW_LAYOUTS}, got {rows!r}")
+    return len(lengths) + sum(lengths)
 
 
 def schedule_prefixes(
@@ -165,7 +169,7 @@ class HardwareAware(VerificationPolicy):
     def __init__(self, gamma: int, steps_per_second: Callable[[int, int], float], rows: str = "padded",
                  lossy_retrospective: bool = False):
         super().__init__(gamma)
-        forward_tokens([], rows)  # checks the layout
+        check_rows(rows)
         self.steps_per_second, self.rows, self.lossy_retrospective = steps_per_second, rows, lossy_retrospective
 
     def verify_lengths(self, drafts: Sequence[Draft], budgets: Sequence[int]) -> list[int]:

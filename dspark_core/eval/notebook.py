@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from ..core.paths import REPO_ROOT
 from ..core.provenance import timestamp
 
 PUBLISHED_FIGURES = "figures"  # the committed figures; written only when a run names this folder (make notebooks)
@@ -54,7 +55,7 @@ def find_repo_root() -> Path:
     for folder in [Path.cwd(), *Path.cwd().parents]:
         if (folder / "dspark_core").is_dir() and (folder / "pyproject.toml").is_file():
             return folder
-    return Path(__file__).resolve().parents[2]
+    return REPO_ROOT
 
 
 def figures_folder(figures_dir: str | None, root: Path, notebook: str) -> Path:
@@ -68,4 +69,3 @@ def figures_folder(figures_dir: str | None, root: Path, notebook: str) -> Path:
         folder = root / PUBLISHED_FIGURES / "runs" / f"{notebook}-{timestamp()}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
-
