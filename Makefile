@@ -69,8 +69,9 @@ soak: setup
 	DSPARK_SOAK=long $(BIN)/python -m pytest -q -s tests/test_soak.py
 
 # Training data. `data-build` writes the ShareGPT mix (data/prompts/distill.jsonl, conversations.json,
-# calibration.jsonl, mix.json; seconds). `data` has the target answer distill.jsonl in bfloat16 (resumable;
-# progress in data/distill/.../parts.jsonl, packed to responses-*.safetensors + meta.json; about 2 h here).
+# calibration.jsonl, mix.json; seconds). `data` has the target answer distill.jsonl (resumable; in bfloat16 where the
+# CPU computes it natively, else float32; progress in data/distill/.../parts.jsonl, packed to responses-*.safetensors
+# + meta.json; about 2 h on 2 cores).
 data-build: setup
 	$(BIN)/dspark data build
 
@@ -85,7 +86,7 @@ RECIPE := $(DRAFTERS)/recipe
 # (dspark-markov, 1 layer, features of layers 2 15 28, draft vocabulary 8192, CE on the text, random
 # init) on the same ~600k tokens; weights stay out of git, train_meta.json and selection.csv are kept.
 SWEEP_TOKENS ?= 600000
-SWEEP = $(BIN)/dspark train --max-tokens $(SWEEP_TOKENS) --bf16 --save-every 100000
+SWEEP = $(BIN)/dspark train --max-tokens $(SWEEP_TOKENS) --save-every 100000
 recipe: setup
 	$(SWEEP) --drafter dspark --out $(RECIPE)/base
 	$(SWEEP) --drafter dspark --layers 2 --out $(RECIPE)/layers2
@@ -106,7 +107,7 @@ recipe: setup
 # The shipped drafters for the default target, block 7, on about ten million tokens (every distilled
 # answer plus fixed-text conversations), with the recipe `make recipe` chose; weights in float8.
 FIXED_TOKENS ?= 7700000
-TRAIN = $(BIN)/dspark train --fixed-tokens $(FIXED_TOKENS) --bf16 --save-dtype float8 --save-every 500
+TRAIN = $(BIN)/dspark train --fixed-tokens $(FIXED_TOKENS) --save-dtype float8 --save-every 500
 train-drafters: setup
 	$(TRAIN) --drafter dspark --head markov --selection --out $(DRAFTERS)/dspark-markov
 	$(TRAIN) --drafter dspark --head rnn --out $(DRAFTERS)/dspark-rnn

@@ -34,7 +34,13 @@ from .data.training_set import training_sequences
 from .decode import calibration as cal
 from .decode.loop import autoregressive_generate, speculative_generate
 from .decode.policies import FixedLength
-from .decode.profile import combine_dtypes, default_profile_path, measure_profiles, serving_dtype
+from .decode.profile import (
+    combine_dtypes,
+    default_profile_path,
+    measure_profiles,
+    native_bf16,
+    serving_dtype,
+)
 from .decode.shapes import get_shape
 from .drafters.registry import DRAFTER_NAMES, build_drafter
 from .drafters.registry import shipped_drafter as drafter_folder
@@ -53,6 +59,9 @@ from .eval.lean_round import measure_round_split, summarize_round_split
 from .train.config import CE_LABELS, LOSSES, TrainConfig
 from .train.drafters import train, train_draft_lm
 
+AUTO_DTYPE = ("auto: the fastest in this machine's cost profile (`dspark profile`), else bfloat16 where the CPU or GPU "
+              "computes it natively (AMX or AVX512-BF16 on a CPU; elsewhere bfloat16 is emulated, ~10x slower), else float32")
+
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=DEFAULT_TARGET, help="target: the embedded default, a hub id or a folder")
@@ -62,9 +71,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                        help="the target's dtype; auto: the fastest in this machine's cost profile (`dspark profile`), "
-                             "else bfloat16 where the CPU or GPU computes it natively, else float32")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto", help=f"the target's dtype ({AUTO_DTYPE})")
 
 
 def _serving_dtype(name: str, device: str) -> torch.dtype:
@@ -226,7 +233,7 @@ def cmd_data(args: argparse.Namespace) -> None:
         return
     prompt_file = Path(args.prompts or training_set.DISTILL_PROMPTS)
     records = load_prompt_set(prompt_file)[: args.n_prompts]
-    model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    model, tokenizer = load_target(args.model, dtype=_serving_dtype(args.dtype, args.device), device=args.device)
     settings = distill.DistillSettings(args.temperature, args.top_p, args.max_new_tokens, args.batch_size, args.seed)
     out_dir = Path(args.out_dir)
     if args.action == "generate":
@@ -239,11 +246,12 @@ def cmd_train(args: argparse.Namespace) -> None:
     config = TrainConfig(
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
-        ce_label=args.ce_label, init_from_target=args.init_from_target, epochs=args.epochs, steps=args.steps,
-        tokens_per_step=args.tokens_per_step, lr=args.lr, warmup=args.warmup, val_fraction=args.val_fraction,
-        seed=args.seed, save_every=args.save_every, lm_width=args.lm_width, bf16=args.bf16, save_dtype=args.save_dtype,
+        ce_label=args.ce_label, init_from_target=args.init_from_target, anchor_feature=args.anchor_feature,
+        epochs=args.epochs, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr, warmup=args.warmup,
+        val_fraction=args.val_fraction, seed=args.seed, save_every=args.save_every, lm_width=args.lm_width,
+        bf16=args.autocast == "bfloat16" or (args.autocast == "auto" and native_bf16(args.device)), save_dtype=args.save_dtype,
     )
-    model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    model, tokenizer = load_target(args.model, dtype=_serving_dtype(args.dtype, args.device), device=args.device)
     sequences = training_sequences(tokenizer, tuple(args.sources.split(",")), args.max_tokens, args.seed,
                                    args.fixed_tokens)
     print(f"training text: {len(sequences):,} sequences, {sequences.total_tokens:,} tokens, "
@@ -265,7 +273,7 @@ def cmd_train(args: argparse.Namespace) -> None:
 
 
 def cmd_heldout(args: argparse.Namespace) -> None:
-    model, tokenizer = load_target(args.model, dtype=DTYPES[args.dtype], device=args.device)
+    model, tokenizer = load_target(args.model, dtype=_serving_dtype(args.dtype, args.device), device=args.device)
     tables = {}
     for folder in args.drafters:
         tables[folder] = evaluate_folder(Path(folder), model, tokenizer, args.per_benchmark)
@@ -348,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     held.add_argument("drafters", nargs="+", help="trained drafter folders")
     held.add_argument("--per-benchmark", type=int, default=24, help="last N records of every evaluation set")
     held.add_argument("--out", default=None, help="CSV of every drafter's table")
-    held.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="the target's dtype")
+    held.add_argument("--dtype", choices=["auto", *DTYPES], default="auto", help=f"the target's dtype ({AUTO_DTYPE})")
     held.add_argument("--model", default=DEFAULT_TARGET)
     held.add_argument("--device", default="cpu")
     held.set_defaults(func=cmd_heldout)
@@ -386,8 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--max-new-tokens", type=int, default=defaults.max_new_tokens)
     data.add_argument("--batch-size", type=int, default=defaults.batch_size)
     data.add_argument("--seed", type=int, default=defaults.seed)
-    data.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
-                      help="the target's dtype while answering (the answers are training text; bfloat16 is faster here)")
+    data.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                      help=f"the target's dtype while answering (the answers are training text; {AUTO_DTYPE})")
     data.add_argument("--device", default="cpu")
     data.set_defaults(func=cmd_data)
 
@@ -397,6 +405,8 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--head", choices=["markov", "rnn"], default=tc.head, help="dspark's sequential head")
     trn.add_argument("--layers", type=int, default=tc.layers, help="drafter depth (transformer layers)")
     trn.add_argument("--init-from-target", action="store_true", help="start the draft layers from the target's top layers")
+    trn.add_argument("--anchor-feature", action="store_true",
+                     help="(ours; dflash, dspark) add the fused target feature of the token before the anchor to the block's inputs")
     trn.add_argument("--lm-width", type=int, default=tc.lm_width, help="hidden size of the draft LM (draft-lm only)")
     trn.add_argument("--block", type=int, default=tc.block, help="gamma: tokens drafted per round")
     trn.add_argument("--feature-layers", type=int, nargs="+", default=list(tc.feature_layers),
@@ -414,7 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--warmup", type=int, default=tc.warmup)
     trn.add_argument("--val-fraction", type=float, default=tc.val_fraction)
     trn.add_argument("--save-every", type=int, default=tc.save_every)
-    trn.add_argument("--bf16", action="store_true", help="autocast the drafter's training to bfloat16")
+    trn.add_argument("--autocast", choices=["auto", "bfloat16", "float32"], default="auto",
+                     help="the drafter's training precision: bfloat16 autocast or float32; auto: bfloat16 where the "
+                          "hardware computes it natively (AMX or AVX512-BF16 on a CPU), else float32")
     trn.add_argument("--save-dtype", choices=["bfloat16", "float8"], default=tc.save_dtype,
                      help="the shipped weights' dtype (float8: e4m3 with a scale per row, half of bfloat16's size)")
     trn.add_argument("--selection", action="store_true",
@@ -428,8 +440,8 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--top-k", type=int, default=16, help="target probabilities stored per position")
     trn.add_argument("--max-gb", type=float, default=20.0, help="disk budget of the feature store")
     trn.add_argument("--features-only", action="store_true", help="build the feature store and stop (resumable)")
-    trn.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16",
-                     help="the target's dtype for the features (bfloat16: twice as fast here, as served in bfloat16)")
+    trn.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                     help=f"the target's dtype for the features ({AUTO_DTYPE})")
     trn.add_argument("--out", required=True, help="run folder: checkpoints, loss.csv, the trained drafter")
     trn.add_argument("--model", default=DEFAULT_TARGET)
     trn.add_argument("--device", default="cpu")

@@ -275,7 +275,7 @@ def test_generate_and_pack_end_to_end(distilled):
     meta = json.loads((distilled / "meta.json").read_text())
     assert meta["complete"] and meta["turns_answered"] == meta["turns_total"] == 4
     assert meta["ids"] == ["two-turns", "two-turns", "math", "code"] and meta["turns"] == [1, 2, 1, 1]
-    assert meta["settings"]["max_new_tokens"] == 6 and meta["target_dtype"] == "float32"
+    assert meta["settings"]["max_new_tokens"] == 6 and meta["target_dtypes"] == {"float32": 4}
     assert sorted(p.name for p in distilled.iterdir()) == ["meta.json", "responses-000.safetensors"]
 
 

@@ -21,6 +21,7 @@ import hashlib
 import json
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -136,15 +137,19 @@ def turn_messages(record: dict, turn: int, answers: dict[tuple[str, int], list[i
     return messages + [{"role": "user", "content": record["turns"][turn - 1]}]
 
 
-def _answered(out_dir: Path) -> dict[tuple[str, int], list[int]]:
-    """{(id, turn): answer} from the packed chunks and ``parts.jsonl``."""
-    done = {}
+def _answered(out_dir: Path) -> tuple[dict[tuple[str, int], list[int]], dict[tuple[str, int], str]]:
+    """{(id, turn): answer} from the packed chunks and ``parts.jsonl``, and {(id, turn): the target's
+    dtype when it answered} (a run may be resumed in another dtype: the fastest one differs by machine)."""
+    done, dtypes = {}, {}
     if (out_dir / "meta.json").is_file():
         meta = json.loads((out_dir / "meta.json").read_text())
-        done.update(zip(((i, t) for i, t in zip(meta["ids"], meta["turns"])), _read_chunks(out_dir, meta)))
+        keys = list(zip(meta["ids"], meta["turns"]))
+        done.update(zip(keys, _read_chunks(out_dir, meta)))
+        dtypes.update(zip(keys, meta.get("dtypes") or [meta["target_dtype"]] * len(keys)))  # packed before dtypes were kept
     for batch in read_jsonl(out_dir / "parts.jsonl"):  # one line per batch: a batch is saved whole or not at all
         done.update({(i, batch["turn"]): answer for i, answer in batch["answers"].items()})
-    return done
+        dtypes.update({(i, batch["turn"]): batch["dtype"] for i in batch["answers"]})
+    return done, dtypes
 
 
 def generate(
@@ -157,7 +162,8 @@ def generate(
     """Answer every turn of every record with the target, resuming from what ``out_dir`` holds."""
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = out_dir / "parts.jsonl"
-    done = _answered(out_dir)
+    done, _ = _answered(out_dir)
+    dtype = str(model.dtype).removeprefix("torch.")
     eos = eos_token_ids(model, tokenizer)
     total = sum(len(r["turns"]) for r in records)
     bar = tqdm(total=total, initial=sum(1 for r in records for t in range(len(r["turns"])) if (r["id"], t + 1) in done),
@@ -175,7 +181,7 @@ def generate(
             generator = torch.Generator(device=model.device).manual_seed(settings.seed * 1_000_003 + turn * 10_007 + batch_index)
             answers = answer_batch(model, [encoded[i] for i in todo], settings, eos, generator)
             batch = {asked[i]["id"]: answer for i, answer in zip(todo, answers)}
-            append_jsonl(parts, [{"turn": turn, "answers": batch}])
+            append_jsonl(parts, [{"turn": turn, "dtype": dtype, "answers": batch}])
             done.update({(i, turn): answer for i, answer in batch.items()})
             new_tokens += sum(len(a) for a in answers)
             bar.update(len(todo))
@@ -208,7 +214,7 @@ def pack(
 
     A turn is packed only when every earlier turn of its record is, so the packed data always
     rebuilds its own prompts."""
-    done = _answered(out_dir)
+    done, dtypes = _answered(out_dir)
     keys = []
     for r in records:
         for turn in range(1, len(r["turns"]) + 1):
@@ -234,7 +240,7 @@ def pack(
     meta = {
         "target_fingerprint": target_fingerprint(model, tokenizer),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "target_dtype": str(model.dtype).removeprefix("torch."),
+        "target_dtypes": dict(Counter(dtypes[(i, t)] for i, t, _ in keys)),
         "prompt_file": _display_path(prompt_file),
         "prompt_file_sha256": file_sha256(prompt_file),
         "settings": asdict(settings),
@@ -248,6 +254,7 @@ def pack(
         "ids": [i for i, _, _ in keys],
         "turns": [t for _, t, _ in keys],
         "domains": [d for _, _, d in keys],
+        "dtypes": [dtypes[(i, t)] for i, t, _ in keys],
         "machine": machine_info(),
         "command": "dspark data generate && dspark data pack",
     }
@@ -286,4 +293,4 @@ def load(tokenizer: PreTrainedTokenizerBase, out_dir: Path = DISTILL_DIR) -> Seq
         spans.append([(len(prompt), len(prompt) + len(answer))])
         names.append(f"{record_id}#{turn}")
     return Sequences(names, [f"distill:{d}" for d in meta["domains"]], tokens, spans,
-                     {"distill": {k: v for k, v in meta.items() if k not in ("ids", "turns", "domains")}})
+                     {"distill": {k: v for k, v in meta.items() if k not in ("ids", "turns", "domains", "dtypes")}})
