@@ -28,10 +28,10 @@ from dspark_core.models import (
     soft_acceptance,
 )
 
-from .tiny import HEADS, drafter_for, tiny_target
+from .tiny import VARIANTS, drafter_for, tiny_target
 
 
-@pytest.mark.parametrize("name", HEADS)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_untrained_drafter_is_lossless_greedy(target, prompts, eos, name):
     model, tokenizer = target
     serving = EagleDrafter if name == "eagle" else BlockDrafter
@@ -148,7 +148,7 @@ def test_cli_generate_with_a_drafter_checkpoint(target, tmp_path, capsys):
     assert "dspark@5" in out and "conditional acceptance per position" in out
 
 
-@pytest.mark.parametrize("name", HEADS)
+@pytest.mark.parametrize("name", VARIANTS)
 def test_training_forward_matches_inference_drafting(target, prompts, name):
     """The teacher-forced training pass, fed the tokens the serving path sampled (temperature 1),
     reproduces the distributions it sampled them from (for eagle: training-time test = inference)."""

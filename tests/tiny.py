@@ -35,15 +35,17 @@ def tiny_target(vocab: int = 16, window: int = 64, seed: int = 1, lm_head_scale:
 
 
 HEADS = {"eagle": "none", "dflash": "none", "dspark-markov": "markov", "dspark-rnn": "rnn"}
+VARIANTS = {**{name: {} for name in HEADS}, "dspark-markov+anchor": {"anchor_feature": True}}  # name -> config overrides
 
 
 def drafter_for(model, tokenizer, name: str, **overrides) -> TargetBoundDraftModel:
-    """An untrained drafter ``name`` (a key of HEADS) shaped for ``model``: block 5, 1024 draft tokens,
+    """An untrained drafter ``name`` (a key of VARIANTS) shaped for ``model``: block 5, 1024 draft tokens,
     seeded; ``overrides`` replace any DrafterConfig field."""
     torch.manual_seed(0)
     cfg = model.config
+    base = name.split("+")[0]
     settings = dict(
-        kind=name.split("-")[0], head=HEADS[name], block_size=5, draft_vocab_size=1024,
+        kind=base.split("-")[0], head=HEADS[base], **VARIANTS[name], block_size=5, draft_vocab_size=1024,
         hidden_size=cfg.hidden_size, target_hidden_size=cfg.hidden_size, num_heads=cfg.num_attention_heads,
         num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.hidden_size // cfg.num_attention_heads,
         intermediate_size=2 * cfg.hidden_size, target_vocab_size=cfg.vocab_size, rank=16,
@@ -54,4 +56,6 @@ def drafter_for(model, tokenizer, name: str, **overrides) -> TargetBoundDraftMod
     drafter = (EagleDraftModel if name == "eagle" else ParallelDraftModel)(DrafterConfig(**settings))
     if drafter.config.kind == "dspark":
         torch.nn.init.normal_(drafter.w2.weight, std=0.5)  # make the sequential head matter
+    if drafter.config.anchor_feature:
+        torch.nn.init.normal_(drafter.anchor_proj.weight, std=0.5)  # and the anchor feature
     return drafter

@@ -134,11 +134,16 @@ class BlockDrafter(_ServedDrafter):
         super().__init__(drafter, model, tokenizer)
         self.calibration = calibration or {}
 
+    def reset(self) -> None:
+        super().reset()
+        self.last_ctx: torch.Tensor | None = None  # H_ctx [1, 1, d] of the last context token (anchor_feature)
+
     def _extend(self, features: torch.Tensor, tokens: list[int]) -> None:
         ctx = self.drafter.fuse_context(features[None])
         pos = torch.arange(self.ctx_len, self.ctx_len + features.shape[0], device=ctx.device)[None]
         new = self.drafter.context_kv(ctx, pos)
         self.kv = new if self.kv is None else concat_kv(self.kv, new)
+        self.last_ctx = ctx[:, -1:]  # [1, 1, d]: H_ctx of the token before the next anchor
 
     def _calibrated(self, confidence: torch.Tensor, k: int, sampling: SamplingConfig) -> float:
         """c_k after STS for this sampling temperature (raw when none is stored), rounded to float32
@@ -153,7 +158,8 @@ class BlockDrafter(_ServedDrafter):
         device = self.kv[0][0].device
         anchor_id = torch.tensor([[context.tokens[-1]]], device=device)
         visible = torch.ones(1, 1, self.ctx_len, dtype=torch.bool, device=device)
-        hidden = self.drafter.block_states(anchor_id, torch.tensor([[self.ctx_len]], device=device), self.kv, visible)[0, 0]
+        hidden = self.drafter.block_states(anchor_id, torch.tensor([[self.ctx_len]], device=device), self.kv, visible,
+                                           self.last_ctx)[0, 0]
         dspark = self.drafter.config.kind == "dspark"
         tokens, rows, confidences = [], [], []
         prev, state, rest = anchor_id[0, 0], None, None

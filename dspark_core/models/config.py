@@ -19,6 +19,9 @@ class DrafterConfig(PretrainedConfig):
     draft_vocab_size: size of the reduced draft vocabulary (most frequent target tokens); its target
         ids are a buffer of the model. Tokens outside it get q = 0.
     rank: r, width of the Markov embedding W1 and of the RNN state.
+    anchor_feature: (ours, parallel drafters only) every block input also gets ``W_a h_{a-1}``, the fused
+        target feature of the token before the anchor, as Eagle's input pairs it with the anchor, instead
+        of reaching it only through attention to the context.
     target_*: what the drafter was trained for; loading it onto another target fails with a clear error.
     """
 
@@ -44,6 +47,7 @@ class DrafterConfig(PretrainedConfig):
         target_vocab_size: int = 49152,
         target_fingerprint: str = "",
         tokenizer_fingerprint: str = "",
+        anchor_feature: bool = False,
         **kwargs,
     ):
         if kind not in KINDS:
@@ -59,4 +63,7 @@ class DrafterConfig(PretrainedConfig):
         self.draft_vocab_size, self.rank = draft_vocab_size, rank
         self.target_hidden_size, self.target_vocab_size = target_hidden_size, target_vocab_size
         self.target_fingerprint, self.tokenizer_fingerprint = target_fingerprint, tokenizer_fingerprint
+        if anchor_feature and kind == "eagle":
+            raise ValueError("anchor_feature is for parallel drafters (dflash, dspark): eagle's input already pairs them.")
+        self.anchor_feature = anchor_feature
         super().__init__(**kwargs)

@@ -6,7 +6,8 @@ layers, Vd draft vocabulary, r head rank.
 Backbone (paper eq. 2-3). Target hidden states at ``feature_layers`` are fused,
 ``H_ctx = RMSNorm(W_c [H(l_1); ...; H(l_m)])``, and every draft layer attends to
 ``[W_K H_ctx ; W_K H_block]`` (KV injection). A block is the anchor's embedding followed by g - 1
-learned mask embeddings at positions ``anchor_pos .. anchor_pos + g - 1``; block tokens see the
+learned mask embeddings at positions ``anchor_pos .. anchor_pos + g - 1`` (with ``anchor_feature``, ours,
+each plus ``W_a H_ctx[a - 1]``, the fused feature of the token before the anchor); block tokens see the
 context strictly before the anchor and each other (bidirectionally). Output k gives base logits
 ``U_k`` over the draft vocabulary through the target's frozen LM head.
 
@@ -180,6 +181,8 @@ class ParallelDraftModel(TargetBoundDraftModel):
         super().__init__(config)
         d, r = config.hidden_size, config.rank
         self.mask_embedding = nn.Parameter(torch.zeros(d))
+        if config.anchor_feature:
+            self.anchor_proj = nn.Linear(d, d, bias=False)
         if config.kind == "dspark":
             self.w1 = nn.Embedding(config.draft_vocab_size + 1, r)  # last row: a token outside the draft vocabulary
             self.w2 = nn.Linear(r, config.draft_vocab_size, bias=False)
@@ -204,16 +207,21 @@ class ParallelDraftModel(TargetBoundDraftModel):
         anchor_pos: torch.Tensor,
         ctx_kv: KV,
         ctx_visible: torch.Tensor,
+        before_anchor: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Hidden states h_1..h_g [B, n, g, d] of n blocks per row.
 
         anchors, anchor_pos: [B, n] anchor token ids and their positions.
         ctx_visible: [B, n, T] True where block j may see context token t (t before its anchor).
+        before_anchor: [B, n, d] H_ctx at anchor_pos - 1 (needed with ``anchor_feature`` only).
         """
         g = self.config.block_size
         batch, n = anchors.shape
         emb = self.target_part("embedding")[anchors]  # [B, n, d]
-        x = torch.cat([emb[:, :, None], self.mask_embedding.expand(batch, n, g - 1, -1)], dim=2).flatten(1, 2)
+        x = torch.cat([emb[:, :, None], self.mask_embedding.expand(batch, n, g - 1, -1)], dim=2)
+        if self.config.anchor_feature:
+            x = x + self.anchor_proj(before_anchor)[:, :, None]
+        x = x.flatten(1, 2)
         pos = (anchor_pos[:, :, None] + torch.arange(g, device=anchors.device)).flatten(1)
         same_block = torch.block_diag(*[torch.ones(g, g, dtype=torch.bool, device=anchors.device)] * n)
         mask = torch.cat(
@@ -241,7 +249,8 @@ class ParallelDraftModel(TargetBoundDraftModel):
         """
         ctx = self.fuse_context(features)
         positions = torch.arange(ctx.shape[1], device=ctx.device).expand(ctx.shape[0], -1)
-        hidden = self.block_states(anchors, anchor_pos, self.context_kv(ctx, positions), ctx_visible)
+        before_anchor = ctx.gather(1, (anchor_pos - 1)[..., None].expand(-1, -1, ctx.shape[-1]))
+        hidden = self.block_states(anchors, anchor_pos, self.context_kv(ctx, positions), ctx_visible, before_anchor)
         return self.teacher_forced(hidden, prev_tokens)
 
     # ------------------------------------------------------------------------- DSpark heads

@@ -20,6 +20,8 @@ class TrainConfig:
     target's most likely next token; on fixed text it differs from the text).
     init_from_target: start each draft layer from the target's top layers (the last ``layers``
     decoder layers) instead of random weights.
+    anchor_feature: (ours; dflash, dspark) the block's inputs also get the fused target feature of the
+    token before the anchor (:class:`..models.DrafterConfig`).
     epochs: passes over the training split; a step takes sequences until ``tokens_per_step`` span
     tokens are in it, and every span token is a block target once per epoch. ``steps`` > 0 overrides
     the count (quick runs). bf16: autocast the drafter's forward and backward to bfloat16.
@@ -35,6 +37,7 @@ class TrainConfig:
     loss: str = "dspark"
     ce_label: str = "text"
     init_from_target: bool = False
+    anchor_feature: bool = False
     epochs: float = 1.0
     steps: int = 0
     tokens_per_step: int = 4096

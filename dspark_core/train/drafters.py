@@ -178,6 +178,7 @@ def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: 
         feature_layers=config.feature_layers, draft_vocab_size=config.draft_vocab, rank=config.rank,
         target_hidden_size=tc.hidden_size, target_vocab_size=model.get_output_embeddings().weight.shape[0],
         target_fingerprint=target_fingerprint(model, tokenizer), tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),
+        anchor_feature=config.anchor_feature,
     ))
     drafter.draft_token_ids.copy_(draft_token_ids)
     if config.init_from_target:
