@@ -33,23 +33,29 @@ def test_replaying_a_real_run_gives_its_tau_exactly_and_its_time_within_the_nois
     model, tokenizer = target
     prompt = encode_prompt(tokenizer, "Write a Python function that returns the n-th Fibonacci number, then call it "
                                       "for n = 1 to 10.")
-    result = speculative_generate(model, prompt, NgramDrafter(), FixedLength(GAMMA), max_new_tokens=64, seed=0)
-    assert sum(r.emitted for r in result.rounds) == sum(r.accepted + 1 for r in result.rounds)  # nothing cut (no EOS)
-    profile = measure_profile(model, (1,), context=len(prompt) + len(result.tokens) // 2, repeats=5,
-                              tokens=range(1, GAMMA + 2))
-    simulated = replay(rounds_from_result(result), "fixed", FixedLength(GAMMA), profile, 1, lambda requests: 0.0)
-
-    assert simulated.tau == result.tau
-    assert simulated.steps == len(result.rounds)
-    assert simulated.verified == sum(r.verified for r in result.rounds)
-    # Time: the run's verification time against the profile's forwards. The n-gram drafter's own time is
-    # negligible (checked) and simulated as 0; the loop's verify time also holds sampling, the acceptance
-    # test and the rollback, a few percent, hence the 10% floor.
-    real = sum(r.verify_time for r in result.rounds)
-    assert sum(r.draft_time for r in result.rounds) < 0.02 * real
-    used = sorted({r.verified + 1 for r in result.rounds})
-    noise = max(profile.spread["1"][n - 1] for n in used)
-    assert abs(simulated.seconds / real - 1) <= max(0.10, 2 * noise), (simulated.seconds, real, noise)
+    # Three runs (the same rounds: greedy, fp32) interleaved with three profiles, so that a machine that speeds up
+    # or slows down between a run and its profile moves both sides; their medians are compared.
+    real, simulated, noise = [], [], []
+    for _ in range(3):
+        result = speculative_generate(model, prompt, NgramDrafter(), FixedLength(GAMMA), max_new_tokens=64, seed=0)
+        assert sum(r.emitted for r in result.rounds) == sum(r.accepted + 1 for r in result.rounds)  # no EOS cut
+        profile = measure_profile(model, (1,), context=len(prompt) + len(result.tokens) // 2, repeats=5,
+                                  tokens=range(1, GAMMA + 2))
+        replayed = replay(rounds_from_result(result), "fixed", FixedLength(GAMMA), profile, 1, lambda requests: 0.0)
+        assert replayed.tau == result.tau
+        assert replayed.steps == len(result.rounds)
+        assert replayed.verified == sum(r.verified for r in result.rounds)
+        # Time: the run's verification time against the profile's forwards. The n-gram drafter's own time is
+        # negligible (checked) and simulated as 0.
+        real.append(sum(r.verify_time for r in result.rounds))
+        assert sum(r.draft_time for r in result.rounds) < 0.02 * real[-1]
+        simulated.append(replayed.seconds)
+        noise.append(max(profile.spread["1"][r.verified] for r in result.rounds))
+    # The loop's verify time also holds sampling, the acceptance test and the rollback, a few percent, hence
+    # the 10% floor; a simulator off by a constant factor (a forward of n tokens priced as n forwards, or the
+    # wrong context) lands far outside it.
+    ratio = float(np.median(simulated) / np.median(real))
+    assert abs(ratio - 1) <= max(0.10, 2 * float(np.median(noise))), (simulated, real, noise)
 
 
 def test_synthetic_rounds_follow_the_given_acceptance():

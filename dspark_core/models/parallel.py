@@ -249,7 +249,9 @@ class ParallelDraftModel(TargetBoundDraftModel):
         """
         ctx = self.fuse_context(features)
         positions = torch.arange(ctx.shape[1], device=ctx.device).expand(ctx.shape[0], -1)
-        before_anchor = ctx.gather(1, (anchor_pos - 1)[..., None].expand(-1, -1, ctx.shape[-1]))
+        before_anchor = None
+        if self.config.anchor_feature:
+            before_anchor = ctx.gather(1, (anchor_pos - 1)[..., None].expand(-1, -1, ctx.shape[-1]))
         hidden = self.block_states(anchors, anchor_pos, self.context_kv(ctx, positions), ctx_visible, before_anchor)
         return self.teacher_forced(hidden, prev_tokens)
 
