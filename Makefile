@@ -36,8 +36,10 @@ bench-scheduled: setup
 
 # Tests: ruff, then exact algebra, statistics, greedy identity on the default target, CLI, notebooks
 # (papermill, small parameters, into temporary folders). pytest's exit code 5 (no tests ran) fails the run.
+# TEST_WORKERS processes (pytest-xdist; each test file stays in one worker, the cores are shared out).
+TEST_WORKERS ?= 2
 test: lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The unit tests that load no model, run no CLI or notebook and sample for no more than a few seconds
 # (the `slow` marker, tests/conftest.py): under a minute.

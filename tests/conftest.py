@@ -6,6 +6,11 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs the suite in parallel workers: the cores are shared out (more threads than cores stall
+    # torch's OpenMP); notebook kernels and CLI subprocesses inherit the setting.
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

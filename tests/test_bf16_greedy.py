@@ -32,8 +32,9 @@ The bound, derived from bfloat16 rounding (nothing fitted to this model's output
   median top-2 gap of about 4 logits at its greedy positions.
 
 Reported: the divergence rate, diverging tokens / emitted tokens, per method (printed; run with -s).
-Seen here (3 prompts x 48 tokens x 6 runs): 7 of 864 tokens (0.8%), at gaps 0 (exact bfloat16 ties,
-which plain decoding breaks to the lowest id) and 0.125 (one ulp), against bounds of 1.1-1.6.
+Seen on an AMX machine with the first three prompts (3 x 48 tokens x 6 runs; the test now takes two, as
+bfloat16 is emulated and slow on CPUs without AMX): 7 of 864 tokens (0.8%), at gaps 0 (exact bfloat16
+ties, which plain decoding breaks to the lowest id) and 0.125 (one ulp), against bounds of 1.1-1.6.
 """
 
 from __future__ import annotations
@@ -109,10 +110,10 @@ def speculative(model, tokenizer, prompt, plain: list[int], name: str, gamma: in
 
 @pytest.fixture(scope="module")
 def runs(bf16_target, prompts):
-    """Per prompt (the first three): plain greedy tokens and each method's tokens, all in bfloat16."""
+    """Per prompt (the first two): plain greedy tokens and each method's tokens, all in bfloat16."""
     model, tokenizer = bf16_target
     out = []
-    for prompt in prompts[:3]:
+    for prompt in prompts[:2]:
         plain = speculative_generate(model, prompt, max_new_tokens=MAX_NEW).tokens
         out.append((prompt.tolist(), plain,
                     {(n, g): speculative(model, tokenizer, prompt, plain, n, g) for n, g in METHODS}))

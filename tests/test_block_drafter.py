@@ -64,8 +64,10 @@ def test_dspark_first_token_distribution_matches_target_at_temperature_1(monkeyp
     def first_tokens() -> np.ndarray:
         counts = np.zeros(16)
         for seed in range(n):
+            # Room for the whole block (all 4 are verified); every token counts as EOS, so the run ends with
+            # the first round, which decides the first token.
             out = speculative_generate(model, prompt, block, FixedLength(4), sampling=SamplingConfig(1.0),
-                                       max_new_tokens=5, seed=seed)  # room for the whole block: all 4 are verified
+                                       max_new_tokens=5, seed=seed, eos_token_ids=tuple(range(16)))
             assert out.rounds[0].verified == 4
             counts[out.tokens[0]] += 1
         return counts

@@ -23,6 +23,7 @@ import numpy as np
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
+from ..core.paths import process_tmp
 from ..core.target import cache_dir, tokenizer_fingerprint
 
 Span = tuple[int, int]  # [start, end) token positions
@@ -118,7 +119,7 @@ def fixed_conversations(tokenizer: PreTrainedTokenizerBase, conversations: dict[
             tokens.append(t)
             spans.append(s)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
+        tmp = process_tmp(path)
         np.savez(tmp, tokens=np.concatenate(tokens), offsets=np.cumsum([0] + [len(t) for t in tokens]),
                  spans=np.asarray([(i, a, b) for i, s in enumerate(spans) for a, b in s], dtype=np.int64).reshape(-1, 3))
         tmp.rename(path)

@@ -21,7 +21,7 @@ import pandas as pd
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..core.paths import PROMPT_DIR
+from ..core.paths import PROMPT_DIR, process_tmp
 from ..core.prompts import load_prompt_set
 from ..core.target import cache_dir, encode_prompt, eos_token_ids, target_fingerprint
 from ..data.distill import DistillSettings, answer_batch
@@ -48,8 +48,10 @@ def selection_set(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pe
         for start in range(0, len(prompts), 32):
             answers += answer_batch(model, prompts[start : start + 32], settings, eos, torch.Generator())
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps([{"id": r["id"], "domain": r["domain"], "prompt": p, "answer": a}
-                                    for r, p, a in zip(records, prompts, answers)]))
+        tmp = process_tmp(path)
+        tmp.write_text(json.dumps([{"id": r["id"], "domain": r["domain"], "prompt": p, "answer": a}
+                                   for r, p, a in zip(records, prompts, answers)]))
+        tmp.rename(path)
     rows = json.loads(path.read_text())
     return Sequences([r["id"] for r in rows], [r["domain"] for r in rows],
                      [np.asarray(r["prompt"] + r["answer"], dtype=np.int32) for r in rows],
