@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.fp8 import from_fp8, to_fp8
+from ..core.paths import process_tmp
 from ..core.target import cache_dir, target_fingerprint
 from .sequences import Sequences
 
@@ -182,7 +183,7 @@ def build_feature_store(
                     arrays["topk_ids"][at], arrays["topk_probs"][at] = top_ids.numpy(), top_probs.numpy()
                     bar.update(len(sequences.tokens[i]))
             for name in FeatureStore.FILES:  # topk_probs last: its presence marks the chunk complete
-                tmp = store.chunk_path(c, name).with_suffix(".tmp.npy")
+                tmp = process_tmp(store.chunk_path(c, name))
                 np.save(tmp, arrays[name])
                 tmp.rename(store.chunk_path(c, name))
     return store
