@@ -65,6 +65,9 @@ def test_an_epoch_visits_every_training_sequence_once(tiny):
     assert steps != epoch_steps(sequences, rows, config, 1), "every epoch has its own order"
     plan = planned_steps(sequences, rows, TrainConfig(tokens_per_step=60, epochs=1.5))
     assert len(plan) == int(np.ceil(1.5 * len(steps)))
+    by_steps = TrainConfig(tokens_per_step=60, steps=2 * len(steps))
+    assert len(planned_steps(sequences, rows, by_steps)) == 2 * len(steps)
+    assert by_steps.epochs == 2.0, "train_meta.json records the epochs a --steps run covered"
 
 
 def test_quick_recipe_trains_resumes_and_serves(target, tiny, prompts, eos, tmp_path, monkeypatch):

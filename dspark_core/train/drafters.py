@@ -216,7 +216,8 @@ def run_metadata(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrai
 
 
 def planned_steps(sequences: Sequences, rows: np.ndarray, config: TrainConfig) -> list[list[int]]:
-    """Every step's sequence rows: ``epochs`` passes (the last one cut short when fractional), or ``steps``."""
+    """Every step's sequence rows: ``epochs`` passes (the last one cut short when fractional), or ``steps``.
+    Sets ``config.steps`` and ``config.epochs`` to what the plan covers, whichever of the two was given."""
     plan: list[list[int]] = []
     epoch = 0
     per_epoch = len(epoch_steps(sequences, rows, config, 0))
@@ -224,6 +225,7 @@ def planned_steps(sequences: Sequences, rows: np.ndarray, config: TrainConfig) -
     while len(plan) < total:
         plan += epoch_steps(sequences, rows, config, epoch)
         epoch += 1
+    config.steps, config.epochs = total, round(total / per_epoch, 2)
     return plan[:total]
 
 
@@ -244,7 +246,6 @@ def train(
     vocab, coverage = frequent_tokens(store, train_rows, config.draft_vocab)
     drafter = build_drafter_model(config, model, tokenizer, vocab)
     plan = planned_steps(sequences, train_rows, config)
-    config.steps = len(plan)
     meta = run_metadata(config, model, tokenizer, sequences, [i for step in plan for i in step],
                         feature_store=store.folder.name, train_sequences=len(train_rows), val_sequences=len(val_rows),
                         draft_vocab_coverage_train=coverage)
@@ -312,7 +313,6 @@ def train_draft_lm(
     lm = build_draft_lm(config, model)
     train_rows, val_rows = split_indices(len(sequences), config.val_fraction, config.seed)
     plan = planned_steps(sequences, train_rows, config)
-    config.steps = len(plan)
     meta = run_metadata(config, model, tokenizer, sequences, [i for step in plan for i in step],
                         train_sequences=len(train_rows), val_sequences=len(val_rows))
 
