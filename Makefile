@@ -53,8 +53,9 @@ lint: setup
 lab: setup
 	$(BIN)/jupyter lab notebooks
 
-# Re-publish every notebook: execute it at its full-size defaults in place, figures into figures/
-# (about 1 h on 2 cores; run on a quiet machine, the notebooks time things). NB=05_scheduling publishes one;
+# Re-publish every notebook: execute it at its full-size defaults in place, figures embedded and also written
+# as PNGs to figures/, which git does not track (about 1 h on 2 cores; run on a quiet machine, the notebooks
+# time things). NB=05_scheduling publishes one;
 # NB_PARAMS="-p torch_threads 2" passes parameters to every notebook (each has torch_threads).
 # A run with your own parameters belongs elsewhere: papermill notebooks/X.ipynb out.ipynb -p ... writes its
 # figures to a new figures/runs/ folder unless you pass figures_dir.

@@ -9,7 +9,7 @@ from pathlib import Path
 from ..core.paths import REPO_ROOT
 from ..core.provenance import timestamp
 
-PUBLISHED_FIGURES = "figures"  # the committed figures; written only when a run names this folder (make notebooks)
+PUBLISHED_FIGURES = "figures"  # the published notebooks' figures; written only when a run names this folder (make notebooks)
 
 
 def require(condition: bool, message: str) -> None:
