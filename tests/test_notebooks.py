@@ -24,7 +24,7 @@ SMALL = {
     "05_scheduling.ipynb": dict(profile_requests=[1, 2], profile_max_tokens=3, profile_repeats=1, n_calibration_prompts=3,
                                 max_new_tokens=16, n_eval_prompts=2, fixed_lengths=[1, 3], concurrency=[1, 2]),
     "06_gpu_results.ipynb": dict(gpu_results=None, cpu_results="measure", cpu_requests=[1, 2], cpu_tokens=[1, 2, 4, 8],
-                                 cpu_context=32, cpu_repeats=1, cpu_draft_layers=[1, 5], max_rounds=300,
+                                 cpu_context=32, cpu_repeats=1, cpu_draft_layers=[2, 5], max_rounds=300,
                                  n_paper_rounds=300, concurrency=[1, 2], replay_new_tokens=24),
 }
 
