@@ -1,13 +1,17 @@
 """Every notebook executes headlessly under papermill with small parameters; a failing cell fails the test."""
 
+import json
 from pathlib import Path
 
 import papermill as pm
 import pytest
 
+from dspark_core.drafters.registry import shipped_drafter
+
 pytestmark = pytest.mark.slow  # papermill runs of the notebooks on the default target
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+SHIPPED_DEPTH = json.loads((shipped_drafter("dspark-markov") / "config.json").read_text())["num_layers"]
 
 SMALL = {
     "01_theory.ipynb": dict(n_random_pairs=50, n_samples=3000, n_sim_rounds=20000, n_timing_repeats=3, max_gamma=7,
@@ -24,7 +28,7 @@ SMALL = {
     "05_scheduling.ipynb": dict(profile_requests=[1, 2], profile_max_tokens=3, profile_repeats=1, n_calibration_prompts=3,
                                 max_new_tokens=16, n_eval_prompts=2, fixed_lengths=[1, 3], concurrency=[1, 2]),
     "06_gpu_results.ipynb": dict(gpu_results=None, cpu_results="measure", cpu_requests=[1, 2], cpu_tokens=[1, 2, 4, 8],
-                                 cpu_context=32, cpu_repeats=1, cpu_draft_layers=[2, 5], max_rounds=300,
+                                 cpu_context=32, cpu_repeats=1, cpu_draft_layers=sorted({SHIPPED_DEPTH, 5}), max_rounds=300,
                                  n_paper_rounds=300, concurrency=[1, 2], replay_new_tokens=24),
 }
 
