@@ -1,17 +1,17 @@
 """Every notebook executes headlessly under papermill with small parameters; a failing cell fails the test."""
 
-import json
 from pathlib import Path
 
 import papermill as pm
 import pytest
 
 from dspark_core.drafters.registry import shipped_drafter
+from dspark_core.models import DrafterConfig
 
 pytestmark = pytest.mark.slow  # papermill runs of the notebooks on the default target
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
-SHIPPED_DEPTH = json.loads((shipped_drafter("dspark-markov") / "config.json").read_text())["num_layers"]
+SHIPPED_DEPTH = DrafterConfig.from_pretrained(shipped_drafter("dspark-markov")).num_layers
 
 SMALL = {
     "01_theory.ipynb": dict(n_random_pairs=50, n_samples=3000, n_sim_rounds=20000, n_timing_repeats=3, max_gamma=7,
