@@ -109,12 +109,14 @@ recipe: setup
 
 # The shipped drafters for the default target, block 7, weights in float8. dspark-markov: the command
 # that trained the shipped one (two layers, every self-distilled answer, no fixed text, 600 steps, the target in
-# float32), then its calibration, greedy and at T=1 (README, "Training"). The other four ship earlier
-# weights trained on template prompts (their train_meta.json says so); their lines train them on every
-# distilled answer plus about 7.7M tokens of fixed text (FIXED_TOKENS), the ten-million-token run of
-# issue 10, which has not been run on a 2-core CPU (its features alone take about 9 hours).
-MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 --sources distill --steps 600 --save-every 60 \
-	--selection --dtype float32 --autocast float32 --save-dtype float8
+# float32), then its calibration, greedy and at T=1 (README, "Training"). eagle: the same data and steps with
+# Eagle3's loss and one layer. The other three ship earlier weights trained on template prompts (their
+# train_meta.json says so); their lines train them on every distilled answer plus about 7.7M tokens of fixed
+# text (FIXED_TOKENS), the ten-million-token run of issue 10, which has not been run on a 2-core CPU (its
+# features alone take about 9 hours).
+DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype float32 --autocast float32 --save-dtype float8
+MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED)
+EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
 FIXED_TOKENS ?= 7700000
 TRAIN = $(BIN)/dspark train --fixed-tokens $(FIXED_TOKENS) --save-dtype float8 --save-every 500
 train-drafters: setup
@@ -123,7 +125,7 @@ train-drafters: setup
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov --temperature 1
 	$(TRAIN) --drafter dspark --head rnn --out $(DRAFTERS)/dspark-rnn
 	$(TRAIN) --drafter dflash --loss ce --out $(DRAFTERS)/dflash
-	$(TRAIN) --drafter eagle --loss eagle3 --out $(DRAFTERS)/eagle
+	$(EAGLE) --out $(DRAFTERS)/eagle
 	$(TRAIN) --drafter draft-lm --layers 2 --lm-width 128 --save-dtype float8 --out $(DRAFTERS)/draft-lm
 
 # The quick recipe (a few minutes): a tiny dspark run on 32 sequences, like CI's smoke tests.
