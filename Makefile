@@ -109,14 +109,15 @@ recipe: setup
 
 # The shipped drafters for the default target, block 7, weights in float8. dspark-markov: the command
 # that trained the shipped one (two layers, every self-distilled answer, no fixed text, 600 steps, the target in
-# float32), then its calibration, greedy and at T=1 (README, "Training"). eagle: the same data and steps with
-# Eagle3's loss and one layer. The other three ship earlier weights trained on template prompts (their
-# train_meta.json says so); their lines train them on every distilled answer plus about 7.7M tokens of fixed
-# text (FIXED_TOKENS), the ten-million-token run of issue 10, which has not been run on a 2-core CPU (its
-# features alone take about 9 hours).
+# float32), then its calibration, greedy and at T=1 (README, "Training"). eagle and dflash: the same data and
+# steps with their published losses (Eagle3's soft labels with decay; cross-entropy) and one layer. The other
+# two ship earlier weights trained on template prompts (their train_meta.json says so); their lines train them
+# on every distilled answer plus about 7.7M tokens of fixed text (FIXED_TOKENS), the ten-million-token run of
+# issue 10, which has not been run on a 2-core CPU (its features alone take about 9 hours).
 DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype float32 --autocast float32 --save-dtype float8
 MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED)
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
+DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED)
 FIXED_TOKENS ?= 7700000
 TRAIN = $(BIN)/dspark train --fixed-tokens $(FIXED_TOKENS) --save-dtype float8 --save-every 500
 train-drafters: setup
@@ -124,7 +125,7 @@ train-drafters: setup
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov --temperature 1
 	$(TRAIN) --drafter dspark --head rnn --out $(DRAFTERS)/dspark-rnn
-	$(TRAIN) --drafter dflash --loss ce --out $(DRAFTERS)/dflash
+	$(DFLASH) --out $(DRAFTERS)/dflash
 	$(EAGLE) --out $(DRAFTERS)/eagle
 	$(TRAIN) --drafter draft-lm --layers 2 --lm-width 128 --save-dtype float8 --out $(DRAFTERS)/draft-lm
 
