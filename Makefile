@@ -109,11 +109,11 @@ recipe: setup
 
 # The shipped drafters for the default target, block 7, weights in float8. dspark-markov: the command
 # that trained the shipped one (two layers, every self-distilled answer, no fixed text, 600 steps, the target in
-# float32), then its calibration, greedy and at T=1 (README, "Training"). eagle and dflash: the same data and
-# steps with their published losses (Eagle3's soft labels with decay; cross-entropy) and one layer. The other
-# two ship earlier weights trained on template prompts (their train_meta.json says so); their lines train them
-# on every distilled answer plus about 7.7M tokens of fixed text (FIXED_TOKENS), the ten-million-token run of
-# issue 10, which has not been run on a 2-core CPU (its features alone take about 9 hours).
+# float32), then its calibration, greedy and at T=1 (README, "Training"). dspark-rnn: the same data and steps,
+# one layer. eagle and dflash: the same data and steps with their published losses (Eagle3's soft labels with
+# decay; cross-entropy) and one layer. The draft LM ships earlier weights trained on template prompts (its
+# train_meta.json says so); its line trains it on every distilled answer plus about 7.7M tokens of fixed text
+# (FIXED_TOKENS), the ten-million-token run of issue 10, which has not been run on a 2-core CPU.
 DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype float32 --autocast float32 --save-dtype float8
 MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED)
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
@@ -124,7 +124,7 @@ train-drafters: setup
 	$(MARKOV) --out $(DRAFTERS)/dspark-markov
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov --temperature 1
-	$(TRAIN) --drafter dspark --head rnn --out $(DRAFTERS)/dspark-rnn
+	$(BIN)/dspark train --drafter dspark --head rnn $(DISTILLED) --out $(DRAFTERS)/dspark-rnn
 	$(DFLASH) --out $(DRAFTERS)/dflash
 	$(EAGLE) --out $(DRAFTERS)/eagle
 	$(TRAIN) --drafter draft-lm --layers 2 --lm-width 128 --save-dtype float8 --out $(DRAFTERS)/draft-lm
