@@ -160,7 +160,8 @@ def conversation_ids(path: Path = CONVERSATIONS) -> list[str]:
 def load_conversations(path: Path = CONVERSATIONS) -> dict[str, list[sharegpt.Turn]]:
     """{id: turns} of the fixed-text conversations listed in ``conversations.json``, read from the wheel."""
     wanted = conversation_ids(path)
-    found = {r["id"]: sharegpt.turns(r) for r in sharegpt.read_conversations() if r["id"] in set(wanted)}
+    wanted_set = set(wanted)
+    found = {r["id"]: sharegpt.turns(r) for r in sharegpt.read_conversations() if r["id"] in wanted_set}
     missing = [i for i in wanted if found.get(i) is None]
     if missing:
         raise ValueError(f"{len(missing)} conversations listed in {path} are not in the installed ShareGPT file "
