@@ -256,18 +256,18 @@ def cmd_train(args: argparse.Namespace) -> None:
                                    args.fixed_tokens)
     print(f"training text: {len(sequences):,} sequences, {sequences.total_tokens:,} tokens, "
           f"{sequences.span_tokens:,} in spans; mix {json.dumps(sequences.counts())}")
+    on_save = None
+    if args.selection:  # a draft LM reads no features: any store of the selection set holds the target's top k
+        curve = Path(args.out) / "selection-curve.csv"
+        on_save = selection_curve(selection_store(model, tokenizer, config.feature_layers), curve)
     if config.drafter == "draft-lm":
-        trained = train_draft_lm(config, model, tokenizer, sequences, Path(args.out))
+        trained = train_draft_lm(config, model, tokenizer, sequences, Path(args.out), on_save)
     else:
         spec = FeatureSpec(layers=config.feature_layers, top_k=args.top_k)
         store = build_feature_store(model, tokenizer, sequences, spec, max_gb=args.max_gb)
         if args.features_only:
             print(f"feature store ready: {store.folder}")
             return
-        on_save = None
-        if args.selection:
-            curve = Path(args.out) / "selection-curve.csv"
-            on_save = selection_curve(selection_store(model, tokenizer, config.feature_layers), curve)
         trained = train(config, model, tokenizer, store, Path(args.out), on_save)
     print(f"saved {config.drafter} ({sum(p.numel() for p in trained.parameters()) / 1e6:.1f}M parameters) to {args.out}")
 

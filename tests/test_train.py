@@ -155,6 +155,25 @@ def test_draft_lm_distils_and_drafts(target, tiny, prompts, eos, tmp_path):
                                 eos_token_ids=eos).tokens == plain.tokens
 
 
+def test_held_out_acceptance_of_a_draft_lm_that_is_the_target(target, tiny):
+    """The target itself, measured as a draft LM, proposes the target's argmax after every prefix: greedy
+    acceptance 1 at every position, and its analytic acceptance at T=1 is the stored top-k mass (the
+    bound counts the mass beyond the top k twice, once per side of the L1 distance). A drafter read one
+    position off would match almost nowhere."""
+    model, _ = target
+    _, store = tiny
+    table = domain_acceptance(model, store)
+    greedy = table.loc["mean", [f"greedy_a{k}" for k in range(1, 8)]].to_numpy()
+    assert greedy.min() > 0.99 and table.loc["mean", "outside_vocab"] == 0.0
+    masses = []
+    for i, spans in enumerate(store.sequences.spans):
+        anchors = block_anchors(spans, 7)
+        if len(anchors):
+            masses.append(store.target_topk(i, anchors[:, None] + np.arange(7))[1].sum(-1).numpy().ravel())
+    sampled = table.loc["mean", [f"sampled_a{k}" for k in range(1, 8)]].to_numpy()
+    assert np.allclose(sampled.mean(), np.concatenate(masses).mean(), atol=2e-3)
+
+
 def test_float8_checkpoints_are_half_the_size_and_within_two_percent(target, tmp_path):
     from dspark_core.core.fp8 import load_weights, save_weights
     from dspark_core.train.drafters import build_drafter_model

@@ -7,7 +7,8 @@ drafter's block after anchor a sees exactly what decoding shows it when the roun
 positions were accepted, so the share of blocks whose draft argmax equals the target's argmax at
 position k, among those where positions 1..k-1 did, is the conditional greedy acceptance decoding
 would measure at k (over every anchor rather than only round starts). The analytic acceptance at
-temperature 1 (1 - ||p_d - p_t||_1 / 2) comes with it. Both are per domain.
+temperature 1 (1 - ||p_d - p_t||_1 / 2) comes with it. Both are per domain. A draft LM is measured the
+same way, at the shipped drafters' block length (it drafts any length).
 """
 
 from __future__ import annotations
@@ -28,10 +29,14 @@ from ..data.distill import DistillSettings, answer_batch
 from ..data.eval_prompts import EVAL_SETS
 from ..data.features import FeatureSpec, FeatureStore, build_feature_store
 from ..data.sequences import Sequences
+from ..drafters.draft_lm import load_draft_lm
 from ..drafters.trained import load_trained_drafter
+from ..models import DrafterConfig
 from ..models.losses import expected_tau
 from ..models.parallel import TargetBoundDraftModel
 from ..train.drafters import held_out_acceptance
+
+DRAFT_LM_BLOCK = 7  # the block a draft LM is measured at: the shipped drafters'
 
 
 def selection_set(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, per_benchmark: int = 24,
@@ -64,15 +69,19 @@ def selection_store(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, 
 
 
 @torch.no_grad()
-def domain_acceptance(drafter: TargetBoundDraftModel, store: FeatureStore) -> pd.DataFrame:
+def domain_acceptance(drafter: TargetBoundDraftModel | PreTrainedModel, store: FeatureStore) -> pd.DataFrame:
     """One row per domain (and ``mean``, the mean over domains): the share of the target's greedy tokens
-    outside the draft vocabulary (a cap on acceptance), greedy conditional acceptance a1..ag, expected
-    tau from them, and the same at temperature 1 (analytic)."""
-    g, rows = drafter.config.block_size, []
-    sources = np.asarray(store.sequences.sources)
+    outside the draft vocabulary (a cap on acceptance; none for a draft LM, which has the target's),
+    greedy conditional acceptance a1..ag, expected tau from them, and the same at temperature 1 (analytic).
+    ``drafter`` is a feature drafter (g is its block) or a draft LM (g is ``DRAFT_LM_BLOCK``)."""
+    if isinstance(drafter, TargetBoundDraftModel):
+        g, vocabulary = drafter.config.block_size, drafter.draft_token_ids
+    else:
+        g, vocabulary = DRAFT_LM_BLOCK, torch.arange(drafter.config.vocab_size)
+    rows, sources = [], np.asarray(store.sequences.sources)
     for domain in sorted(set(sources)):
         measured = held_out_acceptance(drafter, store, np.flatnonzero(sources == domain), g)
-        row = {"domain": domain, "outside_vocab": outside_share(drafter.draft_token_ids, store, np.flatnonzero(sources == domain))}
+        row = {"domain": domain, "outside_vocab": outside_share(vocabulary, store, np.flatnonzero(sources == domain))}
         for kind in ("greedy", "sampled"):
             acceptance = torch.tensor(measured[kind])
             row.update({f"{kind}_a{k + 1}": float(a) for k, a in enumerate(acceptance)})
@@ -96,18 +105,26 @@ def outside_share(draft_token_ids: torch.Tensor, store: FeatureStore, rows: np.n
 
 
 def evaluate_folder(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, per_benchmark: int = 24) -> pd.DataFrame:
-    """Load a trained drafter folder, measure it on the selection set, and save ``selection.csv`` beside it."""
-    served = load_trained_drafter(folder, model, tokenizer)
-    table = domain_acceptance(served.drafter, selection_store(model, tokenizer, tuple(served.feature_layers), per_benchmark))
-    table.to_csv(Path(folder) / "selection.csv")
+    """Load a trained drafter folder (a feature drafter or a draft LM), measure it on the selection set,
+    and save ``selection.csv`` beside it."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} holds no config.json: pass a drafter folder written by `dspark train`.")
+    if json.loads((folder / "config.json").read_text()).get("model_type") == DrafterConfig.model_type:
+        served = load_trained_drafter(folder, model, tokenizer)
+        drafter, layers = served.drafter, tuple(served.feature_layers)
+    else:  # a draft LM reads no features: any store of the selection set holds the target's top k
+        drafter, layers = load_draft_lm(str(folder), tokenizer)[0], FeatureSpec().layers
+    table = domain_acceptance(drafter, selection_store(model, tokenizer, layers, per_benchmark))
+    table.to_csv(folder / "selection.csv")
     return table
 
 
-def selection_curve(store: FeatureStore, out_file: Path) -> Callable[[int, TargetBoundDraftModel], None]:
+def selection_curve(store: FeatureStore, out_file: Path) -> Callable[[int, TargetBoundDraftModel | PreTrainedModel], None]:
     """A training ``on_save`` hook: append the step's mean greedy a1 and expected tau (greedy and
     sampled) on the selection set to ``out_file``, to see when held-out acceptance stops rising."""
 
-    def measure(step: int, drafter: TargetBoundDraftModel) -> None:
+    def measure(step: int, drafter: TargetBoundDraftModel | PreTrainedModel) -> None:
         mean = domain_acceptance(drafter, store).loc["mean"]
         row = pd.DataFrame([{"step": step, "greedy_a1": mean["greedy_a1"], "greedy_tau": mean["greedy_tau"],
                              "sampled_tau": mean["sampled_tau"]}])

@@ -125,24 +125,49 @@ def compute_loss(drafter: TargetBoundDraftModel, model: torch.nn.Module, batch: 
     return drafter_loss(logits, confidences, p_t, outside, drafter.to_draft_ids(batch["labels"]), loss)
 
 
+def feature_drafter_blocks(drafter: TargetBoundDraftModel, store: FeatureStore, i: int, anchors: np.ndarray,
+                           g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A feature drafter's teacher-forced blocks of sequence ``i`` at ``anchors`` [n]: the analytic
+    acceptance at temperature 1 [n, g] and whether its argmax is the target's [n, g]."""
+    batch = make_batch(store, i, anchors, g)
+    logits, _ = drafter(**drafter_inputs(batch))
+    p_t, outside = target_probs_on_draft_vocab(drafter, batch["top_ids"], batch["top_probs"])
+    sampled = soft_acceptance(l1_distance(torch.softmax(logits.float(), -1), p_t, outside))[0]
+    return sampled, (drafter.draft_token_ids[logits.argmax(-1)] == batch["top_ids"][..., 0])[0]
+
+
+def draft_lm_blocks(lm: PreTrainedModel, store: FeatureStore, i: int, anchors: np.ndarray,
+                    g: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same for a draft LM over the target's vocabulary: one forward over the sequence gives its
+    next-token distribution after every true prefix, which is what it drafts from at block position k
+    when positions 1..k-1 were accepted."""
+    at = anchors[:, None] + np.arange(g)  # [n, g]: position anchor + k - 1 predicts token anchor + k
+    tokens = torch.from_numpy(np.asarray(store.sequences.tokens[i][: int(at.max()) + 1], dtype=np.int64))
+    logits = lm(input_ids=tokens[None]).logits[0].float()[torch.from_numpy(at)]  # [n, g, V]
+    top_ids, top_probs = store.target_topk(i, at)
+    p_t = torch.zeros_like(logits).scatter_add_(-1, top_ids, top_probs.float())
+    outside = (1.0 - p_t.sum(-1)).clamp_min(0.0)  # the target's mass beyond the stored top k
+    sampled = soft_acceptance(l1_distance(torch.softmax(logits, -1), p_t, outside))
+    return sampled, logits.argmax(-1) == top_ids[..., 0]
+
+
 @torch.no_grad()
-def held_out_acceptance(drafter: TargetBoundDraftModel, store: FeatureStore, rows: np.ndarray, g: int) -> dict[str, list[float]]:
+def held_out_acceptance(drafter: TargetBoundDraftModel | PreTrainedModel, store: FeatureStore, rows: np.ndarray,
+                        g: int) -> dict[str, list[float]]:
     """Per position on held-out sequences, teacher-forced: ``sampled``, the mean analytic acceptance
     1 - ||p_d - p_t||_1 / 2 at temperature 1 (against the stored top-k, so a lower bound), and
     ``greedy``, the share of blocks whose draft argmax equals the target's argmax at position k
-    among those where positions 1..k-1 did."""
+    among those where positions 1..k-1 did. ``drafter`` is a feature drafter or a draft LM."""
+    blocks = feature_drafter_blocks if isinstance(drafter, TargetBoundDraftModel) else draft_lm_blocks
     sampled, hits, reached = torch.zeros(g), torch.zeros(g), torch.zeros(g)
     count = 0
     for i in rows.tolist():
         anchors = block_anchors(store.sequences.spans[i], g)
         if not len(anchors):
             continue
-        batch = make_batch(store, i, anchors, g)
-        logits, _ = drafter(**drafter_inputs(batch))
-        p_t, outside = target_probs_on_draft_vocab(drafter, batch["top_ids"], batch["top_probs"])
-        sampled += soft_acceptance(l1_distance(torch.softmax(logits.float(), -1), p_t, outside))[0].sum(0)
-        match = drafter.draft_token_ids[logits.argmax(-1)] == batch["top_ids"][..., 0]  # [1, n, g]
-        survived = torch.cumprod(match.float(), -1)[0]
+        accepted, match = blocks(drafter, store, i, anchors, g)
+        sampled += accepted.sum(0)
+        survived = torch.cumprod(match.float(), -1)
         hits += survived.sum(0)
         reached += torch.cat([torch.full((survived.shape[0], 1), 1.0), survived[:, :-1]], 1).sum(0)
         count += len(anchors)
@@ -305,9 +330,11 @@ def lm_batch(sequences: Sequences, rows: list[int]) -> dict:
 
 
 def train_draft_lm(
-    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sequences: Sequences, out_dir: Path
+    config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sequences: Sequences, out_dir: Path,
+    on_save: Callable[[int, torch.nn.Module], None] | None = None,
 ) -> LlamaForCausalLM:
-    """Distil an independent small draft LM from the training text (CE on span tokens)."""
+    """Distil an independent small draft LM from the training text (CE on span tokens); ``on_save`` as in
+    :func:`train`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(config.seed)
     lm = build_draft_lm(config, model)
@@ -319,7 +346,7 @@ def train_draft_lm(
     def batches_for(step: int) -> list[dict]:
         return [{**lm_batch(sequences, plan[step]), "weight": 1.0}]
 
-    lm = fit(lm, lambda m, b: {"loss": m(**b).loss}, batches_for, config, out_dir, "train draft-lm")
+    lm = fit(lm, lambda m, b: {"loss": m(**b).loss}, batches_for, config, out_dir, "train draft-lm", on_save)
     lm.config.tokenizer_fingerprint = tokenizer_fingerprint(tokenizer)  # the target's tokenizer serves it (not stored)
     save_checkpoint(lm, out_dir, config.save_dtype)
     if len(val_rows):
