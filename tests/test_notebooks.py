@@ -23,7 +23,7 @@ SMALL = {
                               selection_per_benchmark=1, selection_new_tokens=16, feature_cache="scratch", n_timing_repeats=3,
                               tiny_sequences=8, tiny_max_sequence_tokens=256, tiny_steps=10, tiny_tokens_per_step=256,
                               tiny_block=4, n_eval_prompts=1, max_new_tokens=24),
-    "04_ablations.ipynb": dict(run_dir=None, ablation_dir=None, benchmarks=["math", "chat"], methods="ngram:3;oracle:3",
+    "04_ablations.ipynb": dict(run_dir=None, ablation_dir=None, benchmarks=["math", "format"], methods="ngram:3;oracle:3",
                                temperatures=[0.0], n_prompts=1, max_new_tokens=12, block_lengths=[3]),
     "05_scheduling.ipynb": dict(profile_requests=[1, 2], profile_max_tokens=3, profile_repeats=1, n_calibration_prompts=3,
                                 max_new_tokens=16, n_eval_prompts=2, fixed_lengths=[1, 3], concurrency=[1, 2]),
