@@ -18,7 +18,10 @@ from dspark_core.train import drafters as train_module
 from dspark_core.train.config import TrainConfig
 from dspark_core.train.drafters import (
     block_anchors,
+    build_draft_lm,
+    draft_lm_loss,
     epoch_steps,
+    lm_batch,
     planned_steps,
     train,
     train_draft_lm,
@@ -172,6 +175,23 @@ def test_held_out_acceptance_of_a_draft_lm_that_is_the_target(target, tiny):
             masses.append(store.target_topk(i, anchors[:, None] + np.arange(7))[1].sum(-1).numpy().ravel())
     sampled = table.loc["mean", [f"sampled_a{k}" for k in range(1, 8)]].to_numpy()
     assert np.allclose(sampled.mean(), np.concatenate(masses).mean(), atol=2e-3)
+
+
+def test_draft_lm_loss_is_the_models_own_loss_on_span_tokens(target, tiny):
+    """The LM head applied at span positions only gives the model's own CE (labels -100 off the spans),
+    on a padded batch of sequences of different lengths."""
+    model, _ = target
+    sequences, _ = tiny
+    lm = build_draft_lm(TrainConfig(drafter="draft-lm", layers=1, lm_width=64), model)
+    first_turn = sequences.spans[3][0]  # sequence 3 cut after its first answer: a shorter row, padded
+    mixed = Sequences(["a", "b"], ["t", "t"], [sequences.tokens[0], sequences.tokens[3][: first_turn[1]]],
+                      [sequences.spans[0], [first_turn]])
+    batch = lm_batch(mixed, [0, 1])
+    assert batch["attention_mask"][1].sum() < batch["attention_mask"][0].sum()
+    with torch.no_grad():
+        ours = draft_lm_loss(lm, lm.get_output_embeddings(), batch)["loss"]
+        theirs = lm(**batch).loss
+    assert torch.allclose(ours, theirs, rtol=1e-5), (ours, theirs)
 
 
 def test_float8_checkpoints_are_half_the_size_and_within_two_percent(target, tmp_path):

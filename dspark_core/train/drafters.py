@@ -329,6 +329,19 @@ def lm_batch(sequences: Sequences, rows: list[int]) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
+def draft_lm_loss(lm: torch.nn.Module, head: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
+    """Next-token CE on the span tokens of an ``lm_batch``: the same number as ``lm(**batch).loss``, with
+    the LM head ``head`` applied at those positions only, not over the prompt and the padding. ``lm``
+    may be wrapped by accelerate (its forward runs through the wrapper); ``head`` is its output embedding."""
+    out = lm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True,
+             logits_to_keep=1)
+    hidden = out.hidden_states[-1]  # [B, T, d], after the final norm
+    labels = batch["labels"][:, 1:]  # position t predicts token t + 1
+    keep = labels != -100
+    logits = head(hidden[:, :-1][keep])  # [span tokens, V]
+    return {"loss": torch.nn.functional.cross_entropy(logits.float(), labels[keep])}
+
+
 def train_draft_lm(
     config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, sequences: Sequences, out_dir: Path,
     on_save: Callable[[int, torch.nn.Module], None] | None = None,
@@ -346,12 +359,13 @@ def train_draft_lm(
     def batches_for(step: int) -> list[dict]:
         return [{**lm_batch(sequences, plan[step]), "weight": 1.0}]
 
-    lm = fit(lm, lambda m, b: {"loss": m(**b).loss}, batches_for, config, out_dir, "train draft-lm", on_save)
+    head = lm.get_output_embeddings()
+    lm = fit(lm, lambda m, b: draft_lm_loss(m, head, b), batches_for, config, out_dir, "train draft-lm", on_save)
     lm.config.tokenizer_fingerprint = tokenizer_fingerprint(tokenizer)  # the target's tokenizer serves it (not stored)
     save_checkpoint(lm, out_dir, config.save_dtype)
     if len(val_rows):
         with torch.no_grad():
-            losses = [float(lm(**lm_batch(sequences, list(chunk))).loss)
+            losses = [float(draft_lm_loss(lm, head, lm_batch(sequences, list(chunk)))["loss"])
                       for chunk in np.array_split(val_rows, max(1, len(val_rows) // 8)) if len(chunk)]
         meta["held_out_ce"] = float(np.mean(losses))
     (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
