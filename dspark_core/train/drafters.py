@@ -140,10 +140,11 @@ def draft_lm_blocks(lm: PreTrainedModel, store: FeatureStore, i: int, anchors: n
                     g: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The same for a draft LM over the target's vocabulary: one forward over the sequence gives its
     next-token distribution after every true prefix, which is what it drafts from at block position k
-    when positions 1..k-1 were accepted."""
+    when positions 1..k-1 were accepted (the LM head runs at the block positions only)."""
     at = anchors[:, None] + np.arange(g)  # [n, g]: position anchor + k - 1 predicts token anchor + k
     tokens = torch.from_numpy(np.asarray(store.sequences.tokens[i][: int(at.max()) + 1], dtype=np.int64))
-    logits = lm(input_ids=tokens[None]).logits[0].float()[torch.from_numpy(at)]  # [n, g, V]
+    hidden = lm(input_ids=tokens[None], output_hidden_states=True, logits_to_keep=1).hidden_states[-1][0]  # [T, d]
+    logits = lm.get_output_embeddings()(hidden[torch.from_numpy(at)]).float()  # [n, g, V]
     top_ids, top_probs = store.target_topk(i, at)
     p_t = torch.zeros_like(logits).scatter_add_(-1, top_ids, top_probs.float())
     outside = (1.0 - p_t.sum(-1)).clamp_min(0.0)  # the target's mass beyond the stored top k
