@@ -109,13 +109,18 @@ def drafter_inputs(batch: dict) -> dict:
     return {name: batch[name] for name in names}
 
 
+def target_probs_on_vocab(index: torch.Tensor, top_probs: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """p_t on a vocabulary of ``size`` tokens [..., size] from the target's top-k probabilities [..., k]
+    at their ``index`` in it [..., k] (``size`` for a token outside it), and the mass it puts outside
+    [...] (outside the vocabulary, or beyond the stored top k)."""
+    p = torch.zeros(*index.shape[:-1], size + 1, device=top_probs.device).scatter_add_(-1, index, top_probs)[..., :size]
+    return p, (1.0 - p.sum(-1)).clamp_min(0.0)
+
+
 def target_probs_on_draft_vocab(drafter: TargetBoundDraftModel, top_ids: torch.Tensor, top_probs: torch.Tensor):
     """p_t on the draft vocabulary [..., Vd] from the target's top-k ids / probabilities [..., k], and
-    the mass it puts outside [...] (outside the draft vocabulary, or beyond the stored top k)."""
-    vd = drafter.config.draft_vocab_size
-    index = drafter.to_draft_ids(top_ids)  # Vd for a token outside the draft vocabulary
-    p = torch.zeros(*top_ids.shape[:-1], vd + 1, device=top_probs.device).scatter_add_(-1, index, top_probs)[..., :vd]
-    return p, (1.0 - p.sum(-1)).clamp_min(0.0)
+    the mass it puts outside [...]."""
+    return target_probs_on_vocab(drafter.to_draft_ids(top_ids), top_probs, drafter.config.draft_vocab_size)
 
 
 def compute_loss(drafter: TargetBoundDraftModel, model: torch.nn.Module, batch: dict, loss: str) -> dict[str, torch.Tensor]:
@@ -146,8 +151,7 @@ def draft_lm_blocks(lm: PreTrainedModel, store: FeatureStore, i: int, anchors: n
     hidden = lm(input_ids=tokens[None], output_hidden_states=True, logits_to_keep=1).hidden_states[-1][0]  # [T, d]
     logits = lm.get_output_embeddings()(hidden[torch.from_numpy(at)]).float()  # [n, g, V]
     top_ids, top_probs = store.target_topk(i, at)
-    p_t = torch.zeros_like(logits).scatter_add_(-1, top_ids, top_probs.float())
-    outside = (1.0 - p_t.sum(-1)).clamp_min(0.0)  # the target's mass beyond the stored top k
+    p_t, outside = target_probs_on_vocab(top_ids, top_probs, logits.shape[-1])  # outside: beyond the top k
     sampled = soft_acceptance(l1_distance(torch.softmax(logits, -1), p_t, outside))
     return sampled, logits.argmax(-1) == top_ids[..., 0]
 
