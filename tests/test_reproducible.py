@@ -1,6 +1,7 @@
 """Reproducible runs: the same seed gives the same tokens for every method, twice in a row (the
 second run reuses the drafter, so no state or global random number leaks between runs); shipped
-checkpoints carry the SHA-256 of their weights, checked at load, and a flipped byte is a clear error."""
+checkpoints carry the SHA-256 of their weights, checked at load, and a flipped byte is a clear error; a
+committed file reads back as it was at a commit (how notebook 04 labels an older run's drafters)."""
 
 import shutil
 
@@ -14,6 +15,7 @@ from dspark_core import (
     speculative_generate,
 )
 from dspark_core.core.checksums import CHECKSUM_FILE, verify_checksums, write_checksums
+from dspark_core.core.provenance import committed_text
 from dspark_core.decode.engine import BatchedEngine
 from dspark_core.drafters.registry import (
     SHIPPED_DRAFTERS,
@@ -103,3 +105,10 @@ def test_checksums_written_at_save_time_are_checked_at_load(tmp_path):
     flip_a_byte(tmp_path / "model.safetensors")
     with pytest.raises(ValueError, match="does not match its recorded SHA-256"):
         load_trained_drafter(tmp_path, model, tokenizer)
+
+
+def test_committed_text_reads_a_file_at_a_commit():
+    # HEAD's README as git holds it; a path or a commit that git lacks reads as None, not an exception.
+    assert committed_text("HEAD", "README.md").startswith("# dspark\n")
+    assert committed_text("HEAD", "no/such/file.json") is None
+    assert committed_text("0" * 40, "README.md") is None

@@ -25,6 +25,16 @@ def git_commit() -> str:
     return commit + ("+dirty" if dirty else "")
 
 
+def committed_text(commit: str, path: str) -> str | None:
+    """The text of ``path`` (relative to the repository root) at ``commit``, or None where git, the commit
+    or the file is missing (a run folder from another repository, a path that was never committed)."""
+    try:
+        shown = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=REPO_ROOT, capture_output=True, text=True)
+    except OSError:
+        return None
+    return shown.stdout if shown.returncode == 0 else None
+
+
 def machine_info() -> dict[str, str]:
     """Host, processor, core count, torch build and threads, accelerator, git commit."""
     return {
