@@ -571,8 +571,9 @@ def conditional_acceptance(rows: pd.DataFrame, by: tuple[str, ...] = ("temperatu
     measured = rows[rows["reached_per_position"].map(lambda s: len(json.loads(s)) > 0)]
     for group, part in measured.groupby(list(by), sort=False):
         reached, accepted = (_sum_padded(part[column]) for column in ("reached_per_position", "accepted_per_position"))
-        width = len(reached)
-        table[group] = np.divide(accepted, reached, out=np.full(width, np.nan), where=reached > 0)
+        table[group] = np.divide(accepted, reached, out=np.full(len(reached), np.nan), where=reached > 0)
+    width = max((len(v) for v in table.values()), default=0)  # groups that reached fewer positions: NaN beyond them
+    table = {group: np.pad(v, (0, width - len(v)), constant_values=np.nan) for group, v in table.items()}
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index = pd.MultiIndex.from_tuples(frame.index, names=list(by)) if len(by) > 1 else frame.index
     frame.columns = [f"k={k + 1}" for k in frame.columns]
