@@ -557,23 +557,20 @@ def round_split(rows: pd.DataFrame) -> pd.DataFrame:
     return table.groupby(list(BY), sort=False).median().round(3)
 
 
-def _sum_padded(column: pd.Series) -> np.ndarray:
-    """Element-wise sum of JSON lists of different lengths (shorter ones padded with zeros)."""
-    lists = [json.loads(s) for s in column]
-    width = max(len(x) for x in lists)
-    return np.sum([np.pad(x, (0, width - len(x))) for x in lists], axis=0)
+def _sum_padded(column: pd.Series, width: int) -> np.ndarray:
+    """Element-wise sum of JSON lists of at most ``width`` numbers (shorter ones padded with zeros)."""
+    return np.sum([np.pad(x, (0, width - len(x))) for x in map(json.loads, column)], axis=0)
 
 
 def conditional_acceptance(rows: pd.DataFrame, by: tuple[str, ...] = ("temperature", "method")) -> pd.DataFrame:
     """Accepted / reached per position k, where "reached" counts rounds that verified position k
-    with positions 1..k-1 accepted; one row per group of ``by``."""
+    with positions 1..k-1 accepted; one row per group of ``by``, NaN where a group never reached k."""
     table = {}
     measured = rows[rows["reached_per_position"].map(lambda s: len(json.loads(s)) > 0)]
+    width = max(map(len, map(json.loads, measured["reached_per_position"])), default=0)  # one width for every group
     for group, part in measured.groupby(list(by), sort=False):
-        reached, accepted = (_sum_padded(part[column]) for column in ("reached_per_position", "accepted_per_position"))
-        table[group] = np.divide(accepted, reached, out=np.full(len(reached), np.nan), where=reached > 0)
-    width = max((len(v) for v in table.values()), default=0)  # groups that reached fewer positions: NaN beyond them
-    table = {group: np.pad(v, (0, width - len(v)), constant_values=np.nan) for group, v in table.items()}
+        reached, accepted = (_sum_padded(part[c], width) for c in ("reached_per_position", "accepted_per_position"))
+        table[group] = np.divide(accepted, reached, out=np.full(width, np.nan), where=reached > 0)
     frame = pd.DataFrame.from_dict(table, orient="index")
     frame.index = pd.MultiIndex.from_tuples(frame.index, names=list(by)) if len(by) > 1 else frame.index
     frame.columns = [f"k={k + 1}" for k in frame.columns]
