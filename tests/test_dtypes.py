@@ -1,5 +1,6 @@
 """Serving the target in bfloat16: every drafter and the batched engine work on a bfloat16 target (the
-trained drafters stay float32 and read its features and embeddings cast to their own dtype); cost
+trained drafters and the draft LM run in bfloat16 with it, and still hand verification float32 draft
+distributions that are exactly what they sampled from); cost
 profiles of several dtypes measured interleaved, the fastest recorded and served by ``--dtype auto``;
 the round split and the pre-allocated cache measured side by side; llama.cpp as an optional peer."""
 
@@ -12,6 +13,8 @@ import pytest
 import torch
 
 from dspark_core import FixedLength, autoregressive_generate, speculative_generate
+from dspark_core.core.rounds import DraftContext
+from dspark_core.core.sampling import SamplingConfig
 from dspark_core.core.target import load_target
 from dspark_core.decode import profile as profile_module
 from dspark_core.decode.engine import BatchedEngine
@@ -26,6 +29,7 @@ from dspark_core.drafters.registry import (
     build_drafter,
     shipped_drafter,
 )
+from dspark_core.drafters.trained import load_trained_drafter
 from dspark_core.eval.lean_round import measure_round_split, summarize_round_split
 
 from .tiny import tiny_target
@@ -58,6 +62,34 @@ def test_every_drafter_serves_a_bfloat16_target(bf16_target, prompts, eos, name)
         assert len(result.tokens) == sum(r.emitted for r in result.rounds) and 0 < len(result.tokens) <= NEW
         accepted += sum(r.accepted for r in result.rounds)
     assert accepted > 0
+
+
+@pytest.mark.parametrize("name", ("draft-lm", *SHIPPED_DRAFTERS))
+def test_learned_drafters_run_in_the_targets_dtype(bf16_target, prompts, name):
+    """A learned drafter takes the target's dtype (unless asked for another), and a sampled draft's q rows
+    are float32 distributions that gave their token mass: a bfloat16 q, or one renormalised after
+    sampling, would break the acceptance rule's exactness."""
+    model, tokenizer = bf16_target
+    drafter = build(name, model, tokenizer, [])
+    weights = drafter.model if name == "draft-lm" else drafter.drafter
+    assert {p.dtype for p in weights.parameters()} == {torch.bfloat16}
+    if name != "draft-lm":
+        kind = "dspark" if name.startswith("dspark") else name
+        assert load_trained_drafter(shipped_drafter(name), model, tokenizer, torch.float32).drafter.dtype == torch.float32
+        assert kind == drafter.drafter.config.kind
+    prompt = prompts[0].tolist()
+    drafter.reset()
+    generator = torch.Generator().manual_seed(0)
+    features = None
+    if drafter.feature_layers:  # [n - 1, m, d]: every prompt token's but the anchor's, as a session hands them over
+        with torch.inference_mode():
+            hidden = model(torch.tensor([prompt[:-1]]), output_hidden_states=True).hidden_states
+        features = torch.stack([hidden[i][0] for i in drafter.feature_layers], dim=1).float()
+    context = DraftContext(prompt, len(prompt), features, model.get_output_embeddings().weight.shape[0])
+    draft = drafter.propose(context, 3, SamplingConfig(1.0), generator)
+    assert draft.probs.dtype == torch.float32 and len(draft.tokens) == 3
+    assert torch.allclose(draft.probs.sum(-1), torch.ones(3), atol=1e-5) and draft.probs.shape[1] == context.vocab_size
+    assert all(draft.probs[k, t] > 0 for k, t in enumerate(draft.tokens.tolist()))
 
 
 def test_batched_engine_serves_a_bfloat16_target(bf16_target, prompts, eos):

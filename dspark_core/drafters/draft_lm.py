@@ -22,17 +22,18 @@ from ..core.target import load_target, tokenizer_fingerprint
 
 
 def load_draft_lm(
-    name_or_path: str, target_tokenizer: PreTrainedTokenizerBase, device: str = "cpu"
+    name_or_path: str, target_tokenizer: PreTrainedTokenizerBase, device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """A draft LM and its tokenizer: a hub id or folder with its own tokenizer, or a folder written
-    by ``dspark train --drafter draft-lm``, which stores no tokenizer but records the fingerprint of
-    the target's (it must match ``target_tokenizer``, whose files then serve). A folder's
+    """A draft LM in ``dtype`` and its tokenizer: a hub id or folder with its own tokenizer, or a folder
+    written by ``dspark train --drafter draft-lm``, which stores no tokenizer but records the fingerprint
+    of the target's (it must match ``target_tokenizer``, whose files then serve). A folder's
     ``checksums.sha256``, when present, is checked first."""
     folder = Path(name_or_path)
     if folder.is_dir():
         verify_checksums(folder)
     if not folder.is_dir() or (folder / "tokenizer_config.json").is_file():
-        return load_target(name_or_path, device=device)
+        return load_target(name_or_path, dtype=dtype, device=device)
     recorded = getattr(AutoConfig.from_pretrained(folder), "tokenizer_fingerprint", None)
     if recorded is None:
         raise ValueError(f"The draft LM at {folder} has no tokenizer files and records no tokenizer fingerprint; "
@@ -44,7 +45,7 @@ def load_draft_lm(
     lm = load_weights(AutoModelForCausalLM.from_config(config, dtype=torch.float32), folder)
     if (folder / "generation_config.json").is_file():
         lm.generation_config = GenerationConfig.from_pretrained(folder)
-    return lm.to(device).eval(), target_tokenizer
+    return lm.to(device, dtype).eval(), target_tokenizer
 
 
 class DraftLMDrafter:

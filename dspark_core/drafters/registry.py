@@ -40,7 +40,7 @@ def build_drafter(
     draft-lm takes ``draft_model``, a Hugging Face id or folder of a causal LM with the target's
     tokenizer; eagle, dflash and dspark take ``draft_model``, a trained drafter folder for this
     target. Without one they use the drafters shipped for the default target (dspark: the Markov
-    head). oracle needs ``reference``, the continuation it will propose.
+    head). They run in the target's dtype. oracle needs ``reference``, the continuation it will propose.
     """
     if name == "none":
         return None
@@ -57,6 +57,7 @@ def build_drafter(
             if drafter.drafter.config.kind != name:
                 raise ValueError(f"{draft_model} holds a {drafter.drafter.config.kind} drafter, not {name}.")
             return drafter
-        model, tokenizer = load_draft_lm(draft_model, target_tokenizer, device=str(target_model.device))
+        model, tokenizer = load_draft_lm(draft_model, target_tokenizer, device=str(target_model.device),
+                                         dtype=target_model.dtype)
         return DraftLMDrafter(model, tokenizer, target_tokenizer)
     raise ValueError(f"Unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}.")

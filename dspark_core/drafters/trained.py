@@ -43,16 +43,20 @@ def check_drafter_target(drafter: TargetBoundDraftModel, model: PreTrainedModel,
 
 
 def load_trained_drafter(
-    path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase
+    path: str | Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, dtype: torch.dtype | None = None
 ) -> BlockDrafter | EagleDrafter:
     """Load a saved drafter folder (config.json + model.safetensors) and bind it to the target.
-    Its ``checksums.sha256``, when present, is checked first (a mismatch is a clear error)."""
+    Its ``checksums.sha256``, when present, is checked first (a mismatch is a clear error).
+
+    The drafter runs in ``dtype``, by default the target's: a bfloat16 target drafts in bfloat16 too,
+    which halves the drafter's weight reads where the hardware computes bfloat16 natively. Its draft
+    distributions ``q`` are float32 either way (:func:`probs_from_logits`), so verification is unchanged."""
     if Path(path).is_dir():
         verify_checksums(Path(path))
     try:
         config = DrafterConfig.from_pretrained(path)
         cls = EagleDraftModel if config.kind == "eagle" else ParallelDraftModel
-        drafter = load_weights(cls(config), Path(path)).to(model.device)
+        drafter = load_weights(cls(config), Path(path)).to(model.device, dtype or model.dtype)
     except (SafetensorError, OSError, ValueError, RuntimeError) as err:
         raise ValueError(f"Could not load the drafter checkpoint at {path}: it is missing, truncated or corrupt "
                          f"({type(err).__name__}: {err}). Re-create it with `dspark train` or restore the file.") from err

@@ -248,7 +248,7 @@ class _Runner:
         if method.name in PEERS:
             peer = self.built.get(method)
             if peer is None:
-                assistant = (load_draft_lm(method.checkpoint, self.tokenizer, str(self.model.device))[0]
+                assistant = (load_draft_lm(method.checkpoint, self.tokenizer, str(self.model.device), self.model.dtype)[0]
                              if method.name == "hf-assisted" else None)
                 peer = self.built[method] = _Peer(method, assistant)
             return peer.generate(self.model, prompt, kwargs["sampling"], kwargs["max_new_tokens"], kwargs["seed"],

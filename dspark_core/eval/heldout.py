@@ -105,13 +105,13 @@ def outside_share(draft_token_ids: torch.Tensor, store: FeatureStore, rows: np.n
 
 
 def evaluate_folder(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, per_benchmark: int = 24) -> pd.DataFrame:
-    """Load a trained drafter folder (a feature drafter or a draft LM), measure it on the selection set,
-    and save ``selection.csv`` beside it."""
+    """Load a trained drafter folder (a feature drafter or a draft LM), measure it on the selection set
+    in float32 (the precision it trained in, whatever the target's dtype), and save ``selection.csv`` beside it."""
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} holds no config.json: pass a drafter folder written by `dspark train`.")
     if json.loads((folder / "config.json").read_text()).get("model_type") == DrafterConfig.model_type:
-        served = load_trained_drafter(folder, model, tokenizer)
+        served = load_trained_drafter(folder, model, tokenizer, torch.float32)
         drafter, layers = served.drafter, tuple(served.feature_layers)
     else:  # a draft LM reads no features: any store of the selection set holds the target's top k
         drafter, layers = load_draft_lm(str(folder), tokenizer)[0], FeatureSpec().layers

@@ -43,7 +43,8 @@ class EagleDraftModel(TargetBoundDraftModel):
 
     def empty_kv(self, batch: int, device: torch.device) -> KV:
         shape = (batch, self.config.num_kv_heads, 0, self.config.head_dim)
-        return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device)) for _ in self.layers]
+        return [(torch.zeros(shape, device=device, dtype=self.dtype), torch.zeros(shape, device=device, dtype=self.dtype))
+                for _ in self.layers]
 
     def encode_context(self, features: torch.Tensor, next_tokens: torch.Tensor, past: KV, start: int) -> tuple[torch.Tensor, KV]:
         """Causal pass over context pairs (f_t, x_{t+1}) at positions start.. after the cached ``past``.
