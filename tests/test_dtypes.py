@@ -73,10 +73,8 @@ def test_learned_drafters_run_in_the_targets_dtype(bf16_target, prompts, name):
     drafter = build(name, model, tokenizer, [])
     weights = drafter.model if name == "draft-lm" else drafter.drafter
     assert {p.dtype for p in weights.parameters()} == {torch.bfloat16}
-    if name != "draft-lm":
-        kind = "dspark" if name.startswith("dspark") else name
+    if name != "draft-lm":  # a dtype asked for wins over the target's
         assert load_trained_drafter(shipped_drafter(name), model, tokenizer, torch.float32).drafter.dtype == torch.float32
-        assert kind == drafter.drafter.config.kind
     prompt = prompts[0].tolist()
     drafter.reset()
     generator = torch.Generator().manual_seed(0)
