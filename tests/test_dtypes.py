@@ -15,6 +15,7 @@ import torch
 from dspark_core import FixedLength, autoregressive_generate, speculative_generate
 from dspark_core.core.rounds import DraftContext
 from dspark_core.core.sampling import SamplingConfig
+from dspark_core.core.session import CausalLMSession
 from dspark_core.core.target import load_target
 from dspark_core.decode import profile as profile_module
 from dspark_core.decode.engine import BatchedEngine
@@ -78,11 +79,8 @@ def test_learned_drafters_run_in_the_targets_dtype(bf16_target, prompts, name):
     prompt = prompts[0].tolist()
     drafter.reset()
     generator = torch.Generator().manual_seed(0)
-    features = None
-    if drafter.feature_layers:  # [n - 1, m, d]: every prompt token's but the anchor's, as a session hands them over
-        with torch.inference_mode():
-            hidden = model(torch.tensor([prompt[:-1]]), output_hidden_states=True).hidden_states
-        features = torch.stack([hidden[i][0] for i in drafter.feature_layers], dim=1).float()
+    # the features decoding hands over: every prompt token's but the anchor's (None for the draft LM)
+    features = CausalLMSession(model, drafter.feature_layers).forward(prompt[:-1]).features
     context = DraftContext(prompt, len(prompt), features, model.get_output_embeddings().weight.shape[0])
     draft = drafter.propose(context, 3, SamplingConfig(1.0), generator)
     assert draft.probs.dtype == torch.float32 and len(draft.tokens) == 3

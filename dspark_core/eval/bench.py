@@ -558,16 +558,17 @@ def round_split(rows: pd.DataFrame) -> pd.DataFrame:
 
 
 def _sum_padded(column: pd.Series, width: int) -> np.ndarray:
-    """Element-wise sum of JSON lists of at most ``width`` numbers (shorter ones padded with zeros)."""
-    return np.sum([np.pad(x, (0, width - len(x))) for x in map(json.loads, column)], axis=0)
+    """Element-wise sum of lists of at most ``width`` numbers (shorter ones padded with zeros)."""
+    return np.sum([np.pad(x, (0, width - len(x))) for x in column], axis=0)
 
 
 def conditional_acceptance(rows: pd.DataFrame, by: tuple[str, ...] = ("temperature", "method")) -> pd.DataFrame:
     """Accepted / reached per position k, where "reached" counts rounds that verified position k
     with positions 1..k-1 accepted; one row per group of ``by``, NaN where a group never reached k."""
     table = {}
-    measured = rows[rows["reached_per_position"].map(lambda s: len(json.loads(s)) > 0)]
-    width = max(map(len, map(json.loads, measured["reached_per_position"])), default=0)  # one width for every group
+    counts = {c: rows[c].map(json.loads) for c in ("reached_per_position", "accepted_per_position")}  # parsed once
+    measured = rows.assign(**counts)[counts["reached_per_position"].map(len) > 0]
+    width = max(map(len, measured["reached_per_position"]), default=0)  # one width for every group
     for group, part in measured.groupby(list(by), sort=False):
         reached, accepted = (_sum_padded(part[c], width) for c in ("reached_per_position", "accepted_per_position"))
         table[group] = np.divide(accepted, reached, out=np.full(width, np.nan), where=reached > 0)
