@@ -84,6 +84,9 @@ data: setup
 DRAFTERS := data/drafters/smollm2-135m-instruct
 RECIPE := $(DRAFTERS)/recipe
 
+# The flags of every run on all the self-distilled answers: the recipe runs and the shipped drafters.
+DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype float32 --autocast float32 --save-dtype float8
+
 # The recipe, chosen on held-out acceptance (the selection set: the last 24 records of every evaluation
 # set, answered greedily by the float32 target; `dspark heldout`), never on the training split. These are
 # the runs measured, in data/drafters/smollm2-135m-instruct/recipe/<run> (train_meta.json, loss.csv and
@@ -92,9 +95,9 @@ RECIPE := $(DRAFTERS)/recipe
 # 600 steps), one change at a time from the shipped dspark-markov's recipe (distill1m-600-layers2), and the
 # baselines with their published losses and with DSpark's. Notebook 03 (section 5) tabulates the runs and
 # their selection curves. About 10 hours on 2 cores (and the feature store, an hour); each run resumes where it stopped.
-RUN = $(BIN)/dspark train --selection --dtype float32 --autocast float32
-SLICE_300K = $(RUN) --drafter dspark --head markov --max-tokens 300000 --save-every 50 --save-dtype bfloat16
-ALL_DISTILLED = $(RUN) --sources distill --steps 600 --save-every 60 --save-dtype float8
+SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
+	--autocast float32 --save-every 50 --save-dtype bfloat16
+ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
 recipe: setup
 	$(SLICE_300K) --sources fixed --epochs 3 --out $(RECIPE)/fixed300k-base
 	$(SLICE_300K) --sources fixed --epochs 3 --layers 2 --out $(RECIPE)/fixed300k-layers2
@@ -102,19 +105,19 @@ recipe: setup
 	$(SLICE_300K) --sources fixed --epochs 3 --ce-label argmax --out $(RECIPE)/fixed300k-ce-argmax
 	$(SLICE_300K) --sources distill --epochs 3 --out $(RECIPE)/distill300k-base
 	$(SLICE_300K) --sources distill --epochs 8 --out $(RECIPE)/distill300k-8ep
-	$(ALL_DISTILLED) --drafter dspark --head markov --layers 2 --out $(RECIPE)/distill1m-600-layers2
-	$(ALL_DISTILLED) --drafter dspark --head markov --layers 1 --out $(RECIPE)/distill1m-600
-	$(ALL_DISTILLED) --drafter dspark --head markov --layers 3 --out $(RECIPE)/distill1m-600-layers3
-	$(ALL_DISTILLED) --drafter dspark --head markov --layers 2 --init-from-target --out $(RECIPE)/distill1m-600-layers2-init
-	$(ALL_DISTILLED) --drafter dspark --head markov --layers 2 --seed 1 --out $(RECIPE)/distill1m-600-layers2-seed1
-	$(ALL_DISTILLED) --drafter dspark --head rnn --layers 1 --out $(RECIPE)/rnn-distill1m-600
-	$(ALL_DISTILLED) --drafter dflash --loss ce --layers 1 --out $(RECIPE)/dflash-distill1m-600-ce
-	$(ALL_DISTILLED) --drafter dflash --loss ce --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-ce
-	$(ALL_DISTILLED) --drafter dflash --loss dspark --layers 1 --out $(RECIPE)/dflash-distill1m-600-dspark-loss
-	$(ALL_DISTILLED) --drafter dflash --loss dspark --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-dspark-loss
-	$(ALL_DISTILLED) --drafter eagle --loss eagle3 --out $(RECIPE)/eagle-distill1m-600-eagle3
-	$(ALL_DISTILLED) --drafter eagle --loss dspark --out $(RECIPE)/eagle-distill1m-600-dspark-loss
-	$(ALL_DISTILLED) --drafter draft-lm --layers 4 --lm-width 192 --steps 240 --out $(RECIPE)/draft-lm-distill1m-240
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --out $(RECIPE)/distill1m-600-layers2
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 1 --out $(RECIPE)/distill1m-600
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 3 --out $(RECIPE)/distill1m-600-layers3
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --init-from-target --out $(RECIPE)/distill1m-600-layers2-init
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --seed 1 --out $(RECIPE)/distill1m-600-layers2-seed1
+	$(ON_DISTILLED) --drafter dspark --head rnn --layers 1 --out $(RECIPE)/rnn-distill1m-600
+	$(ON_DISTILLED) --drafter dflash --loss ce --layers 1 --out $(RECIPE)/dflash-distill1m-600-ce
+	$(ON_DISTILLED) --drafter dflash --loss ce --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-ce
+	$(ON_DISTILLED) --drafter dflash --loss dspark --layers 1 --out $(RECIPE)/dflash-distill1m-600-dspark-loss
+	$(ON_DISTILLED) --drafter dflash --loss dspark --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-dspark-loss
+	$(ON_DISTILLED) --drafter eagle --loss eagle3 --out $(RECIPE)/eagle-distill1m-600-eagle3
+	$(ON_DISTILLED) --drafter eagle --loss dspark --out $(RECIPE)/eagle-distill1m-600-dspark-loss
+	$(ON_DISTILLED) --drafter draft-lm --layers 4 --lm-width 192 --steps 240 --out $(RECIPE)/draft-lm-distill1m-240
 	$(BIN)/dspark heldout $(RECIPE)/* --dtype float32 --out data/results/recipe/heldout.csv
 
 # The shipped drafters for the default target, block 7, weights in float8. dspark-markov: the command
@@ -123,7 +126,6 @@ recipe: setup
 # one layer. eagle and dflash: the same data and steps with their published losses (Eagle3's soft labels with
 # decay; cross-entropy) and one layer. The draft LM: the same answers, 4 layers of width 192, 240 steps (about
 # one epoch; the later --steps wins; 7.9 s a step on two AVX2 cores).
-DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype float32 --autocast float32 --save-dtype float8
 MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED)
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
 DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED)
