@@ -94,7 +94,7 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # (fixed ShareGPT text against the target's own answers); then, on every self-distilled answer (1.37M tokens,
 # 600 steps), one change at a time from the shipped dspark-markov's recipe (distill1m-600-layers2), and the
 # baselines with their published losses and with DSpark's. Notebook 03 (section 5) tabulates the runs and
-# their selection curves. About 10 hours on 2 cores (and the feature store, an hour); each run resumes where it stopped.
+# their selection curves. About 11 hours on 2 cores (and the feature store, an hour); each run resumes where it stopped.
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
 	--autocast float32 --save-every 50 --save-dtype bfloat16
 ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
@@ -110,6 +110,7 @@ recipe: setup
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 3 --out $(RECIPE)/distill1m-600-layers3
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --init-from-target --out $(RECIPE)/distill1m-600-layers2-init
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --seed 1 --out $(RECIPE)/distill1m-600-layers2-seed1
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --steps 1200 --save-every 120 --out $(RECIPE)/distill1m-1200-layers2
 	$(ON_DISTILLED) --drafter dspark --head rnn --layers 1 --out $(RECIPE)/rnn-distill1m-600
 	$(ON_DISTILLED) --drafter dflash --loss ce --layers 1 --out $(RECIPE)/dflash-distill1m-600-ce
 	$(ON_DISTILLED) --drafter dflash --loss ce --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-ce
