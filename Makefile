@@ -94,7 +94,7 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # (fixed ShareGPT text against the target's own answers); then, on every self-distilled answer (1.37M tokens,
 # 600 steps), one change at a time from the shipped dspark-markov's recipe (distill1m-600-layers2), and the
 # baselines with their published losses and with DSpark's. Notebook 03 (section 5) tabulates the runs and
-# their selection curves. About 11 hours on 2 cores (and the feature store, an hour); each run resumes where it stopped.
+# their selection curves. About 12 hours on 2 cores (and the feature store, an hour); each run resumes where it stopped.
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
 	--autocast float32 --save-every 50 --save-dtype bfloat16
 ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
@@ -113,6 +113,7 @@ recipe: setup
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --steps 1200 --save-every 120 --out $(RECIPE)/distill1m-1200-layers2
 	$(ON_DISTILLED) --drafter dspark --head rnn --layers 1 --out $(RECIPE)/rnn-distill1m-600
 	$(ON_DISTILLED) --drafter dflash --loss ce --layers 1 --out $(RECIPE)/dflash-distill1m-600-ce
+	$(ON_DISTILLED) --drafter dflash --loss ce --layers 1 --steps 1200 --save-every 120 --out $(RECIPE)/dflash-distill1m-1200-ce
 	$(ON_DISTILLED) --drafter dflash --loss ce --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-ce
 	$(ON_DISTILLED) --drafter dflash --loss dspark --layers 1 --out $(RECIPE)/dflash-distill1m-600-dspark-loss
 	$(ON_DISTILLED) --drafter dflash --loss dspark --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-dspark-loss
@@ -121,15 +122,15 @@ recipe: setup
 	$(ON_DISTILLED) --drafter draft-lm --layers 4 --lm-width 192 --steps 240 --out $(RECIPE)/draft-lm-distill1m-240
 	$(BIN)/dspark heldout $(RECIPE)/* --dtype float32 --out data/results/recipe/heldout.csv
 
-# The shipped drafters for the default target, block 7, weights in float8. dspark-markov: the command
-# that trained the shipped one (two layers, every self-distilled answer, no fixed text, 600 steps, the target in
-# float32), then its calibration, greedy and at T=1 (README, "Training"). dspark-rnn: the same data and steps,
-# one layer. eagle and dflash: the same data and steps with their published losses (Eagle3's soft labels with
-# decay; cross-entropy) and one layer. The draft LM: the same answers, 4 layers of width 192, 240 steps (about
-# one epoch; the later --steps wins; 7.9 s a step on two AVX2 cores).
-MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED)
+# The shipped drafters for the default target, block 7, weights in float8, all trained on every self-distilled
+# answer (no fixed text) with the target in float32. dspark-markov: the command that trained the shipped one
+# (two layers, 1,200 steps: recipe run distill1m-1200-layers2), then its calibration, greedy and at T=1 (README,
+# "Training"). dflash: DFlash's published cross-entropy, one layer, the same 1,200 steps (dflash-distill1m-1200-ce).
+# eagle (Eagle3's soft labels with decay, one layer) and dspark-rnn (one layer): 600 steps. The draft LM: 4 layers
+# of width 192, 240 steps (about one epoch; the later --steps wins; 7.9 s a step on two AVX2 cores).
+MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED) --steps 1200 --save-every 120
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
-DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED)
+DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED) --steps 1200 --save-every 120
 train-drafters: setup
 	$(MARKOV) --out $(DRAFTERS)/dspark-markov
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov
