@@ -92,9 +92,11 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # the runs measured, in data/drafters/smollm2-135m-instruct/recipe/<run> (train_meta.json, loss.csv and
 # selection-curve.csv are committed; the weights stay out of git). First a slice on 300k tokens at a time
 # (fixed ShareGPT text against the target's own answers); then, on every self-distilled answer (1.37M tokens,
-# 600 steps), one change at a time from the shipped dspark-markov's recipe (distill1m-600-layers2), and the
-# baselines with their published losses and with DSpark's. Notebook 03 (section 5) tabulates the runs and
-# their selection curves. About 12 hours on 2 cores (and the feature store, an hour); each run resumes where it stopped.
+# 600 steps unless the line says otherwise), one change at a time from the 600-step dspark-markov recipe
+# (distill1m-600-layers2), and the baselines with their published losses and with DSpark's. Notebook 03
+# (section 5) tabulates the runs and their selection curves. About 16 hours of training steps on 2 cores
+# (summed from the runs' loss.csv, on the project's machines; plus the feature store, an hour, and the
+# selection checks); each run resumes where it stopped.
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
 	--autocast float32 --save-every 50 --save-dtype bfloat16
 ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
@@ -127,7 +129,7 @@ recipe: setup
 # (two layers, 1,200 steps: recipe run distill1m-1200-layers2), then its calibration, greedy and at T=1 (README,
 # "Training"). dflash: DFlash's published cross-entropy, one layer, the same 1,200 steps (dflash-distill1m-1200-ce).
 # eagle (Eagle3's soft labels with decay, one layer) and dspark-rnn (one layer): 600 steps. The draft LM: 4 layers
-# of width 192, 240 steps (about one epoch; the later --steps wins; 7.9 s a step on two AVX2 cores).
+# of width 192, 240 steps (about one epoch; the later --steps wins; 7.8 s a step on two AVX2 cores).
 MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED) --steps 1200 --save-every 120
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
 DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED) --steps 1200 --save-every 120
