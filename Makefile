@@ -100,6 +100,8 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
 	--autocast float32 --save-every 50 --save-dtype bfloat16
 ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
+# The longer schedule: the same flags stretched over 1,200 steps (the later --steps and --save-every win).
+STEPS_1200 = --steps 1200 --save-every 120
 recipe: setup
 	$(SLICE_300K) --sources fixed --epochs 3 --out $(RECIPE)/fixed300k-base
 	$(SLICE_300K) --sources fixed --epochs 3 --layers 2 --out $(RECIPE)/fixed300k-layers2
@@ -112,10 +114,10 @@ recipe: setup
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 3 --out $(RECIPE)/distill1m-600-layers3
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --init-from-target --out $(RECIPE)/distill1m-600-layers2-init
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --seed 1 --out $(RECIPE)/distill1m-600-layers2-seed1
-	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --steps 1200 --save-every 120 --out $(RECIPE)/distill1m-1200-layers2
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --out $(RECIPE)/distill1m-1200-layers2
 	$(ON_DISTILLED) --drafter dspark --head rnn --layers 1 --out $(RECIPE)/rnn-distill1m-600
 	$(ON_DISTILLED) --drafter dflash --loss ce --layers 1 --out $(RECIPE)/dflash-distill1m-600-ce
-	$(ON_DISTILLED) --drafter dflash --loss ce --layers 1 --steps 1200 --save-every 120 --out $(RECIPE)/dflash-distill1m-1200-ce
+	$(ON_DISTILLED) --drafter dflash --loss ce --layers 1 $(STEPS_1200) --out $(RECIPE)/dflash-distill1m-1200-ce
 	$(ON_DISTILLED) --drafter dflash --loss ce --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-ce
 	$(ON_DISTILLED) --drafter dflash --loss dspark --layers 1 --out $(RECIPE)/dflash-distill1m-600-dspark-loss
 	$(ON_DISTILLED) --drafter dflash --loss dspark --layers 2 --out $(RECIPE)/dflash-distill1m-600-layers2-dspark-loss
@@ -130,9 +132,9 @@ recipe: setup
 # "Training"). dflash: DFlash's published cross-entropy, one layer, the same 1,200 steps (dflash-distill1m-1200-ce).
 # eagle (Eagle3's soft labels with decay, one layer) and dspark-rnn (one layer): 600 steps. The draft LM: 4 layers
 # of width 192, 240 steps (about one epoch; the later --steps wins; 7.8 s a step on two AVX2 cores).
-MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED) --steps 1200 --save-every 120
+MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED) $(STEPS_1200)
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
-DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED) --steps 1200 --save-every 120
+DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED) $(STEPS_1200)
 train-drafters: setup
 	$(MARKOV) --out $(DRAFTERS)/dspark-markov
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov
