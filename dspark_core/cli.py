@@ -247,6 +247,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
         ce_label=args.ce_label, init_from_target=args.init_from_target, anchor_feature=args.anchor_feature,
+        shift_anchors=args.shift_anchors,
         epochs=args.epochs, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr, warmup=args.warmup,
         val_fraction=args.val_fraction, seed=args.seed, save_every=args.save_every, lm_width=args.lm_width,
         bf16=args.autocast == "bfloat16" or (args.autocast == "auto" and native_bf16(args.device)), save_dtype=args.save_dtype,
@@ -407,6 +408,9 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--init-from-target", action="store_true", help="start the draft layers from the target's top layers")
     trn.add_argument("--anchor-feature", action="store_true",
                      help="(ours; dflash, dspark) add the fused target feature of the token before the anchor to the block's inputs")
+    trn.add_argument("--shift-anchors", action="store_true",
+                     help="(eagle, dflash, dspark) a new seeded block tiling of every sequence at every step, so that "
+                          "later epochs see other blocks than the first")
     trn.add_argument("--lm-width", type=int, default=tc.lm_width, help="hidden size of the draft LM (draft-lm only)")
     trn.add_argument("--block", type=int, default=tc.block, help="gamma: tokens drafted per round")
     trn.add_argument("--feature-layers", type=int, nargs="+", default=list(tc.feature_layers),

@@ -23,6 +23,7 @@ from dspark_core.train.drafters import (
     epoch_steps,
     lm_batch,
     planned_steps,
+    step_shift,
     train,
     train_draft_lm,
 )
@@ -57,6 +58,20 @@ def test_block_anchors_tile_every_span():
     assert all(any(s <= a + 1 and a + 4 < e for s, e in spans) for a in anchors), "a block leaves its span"
     assert set(range(10, 30)) | set(range(40, 45)) <= covered
     assert not covered & set(range(50, 52))
+    for shift in range(1, 4):  # a shifted tiling still covers every span and stays inside them
+        shifted = block_anchors(spans, 4, shift)
+        assert {a + k for a in shifted for k in range(1, 5)} == covered
+        assert 9 + shift in shifted and set(shifted) != set(anchors)
+
+
+def test_shifted_tilings_are_seeded_by_step():
+    config = TrainConfig(shift_anchors=True)
+    shifts = [step_shift(config, step, 3) for step in range(50)]
+    assert shifts == [step_shift(config, step, 3) for step in range(50)], "a resumed run sees the same blocks"
+    assert set(shifts) == set(range(config.block)), "every offset occurs"
+    assert step_shift(TrainConfig(), 7, 3) == 0, "off by default: one tiling every epoch"
+    with pytest.raises(ValueError, match="shift_anchors"):
+        TrainConfig(drafter="draft-lm", shift_anchors=True)
 
 
 def test_an_epoch_visits_every_training_sequence_once(tiny):

@@ -22,6 +22,9 @@ class TrainConfig:
     decoder layers) instead of random weights.
     anchor_feature: (ours; dflash, dspark) the block's inputs also get the fused target feature of the
     token before the anchor (:class:`..models.DrafterConfig`).
+    shift_anchors: (dflash, dspark, eagle) shift each sequence's block tiling by a seeded offset in
+    0..g-1 at every step, so that later epochs train on other blocks (other anchors, each token at
+    another block position) instead of repeating the first epoch's; off, every epoch repeats one tiling.
     epochs: passes over the training split; a step takes sequences until ``tokens_per_step`` span
     tokens are in it, and every span token is a block target once per epoch. ``steps`` > 0 overrides
     the count (quick runs). bf16: autocast the drafter's forward and backward to bfloat16.
@@ -38,6 +41,7 @@ class TrainConfig:
     ce_label: str = "text"
     init_from_target: bool = False
     anchor_feature: bool = False
+    shift_anchors: bool = False
     epochs: float = 1.0
     steps: int = 0
     tokens_per_step: int = 4096
@@ -66,5 +70,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.steps < 0 or self.epochs <= 0:
             raise ValueError(f"epochs must be > 0 and steps >= 0 (0: from epochs), got {self.epochs}, {self.steps}")
+        if self.shift_anchors and self.drafter == "draft-lm":
+            raise ValueError("shift_anchors applies to eagle, dflash and dspark; the draft LM trains on every position.")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
