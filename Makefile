@@ -94,7 +94,7 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # (fixed ShareGPT text against the target's own answers); then, on every self-distilled answer (1.37M tokens,
 # 600 steps unless the line says otherwise), one change at a time from the 600-step dspark-markov recipe
 # (distill1m-600-layers2), and the baselines with their published losses and with DSpark's. Notebook 03
-# (section 5) tabulates the runs and their selection curves. About 18 hours of training steps on 2 cores
+# (section 5) tabulates the runs and their selection curves. About 19 hours of training steps on 2 cores
 # (summed from the runs' loss.csv, on the project's machines; plus the feature store, an hour, and the
 # selection checks); each run resumes where it stopped.
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \

@@ -23,7 +23,7 @@ from dspark_core.train.drafters import (
     epoch_steps,
     lm_batch,
     planned_steps,
-    step_shift,
+    step_anchors,
     train,
     train_draft_lm,
 )
@@ -58,18 +58,25 @@ def test_block_anchors_tile_every_span():
     assert all(any(s <= a + 1 and a + 4 < e for s, e in spans) for a in anchors), "a block leaves its span"
     assert set(range(10, 30)) | set(range(40, 45)) <= covered
     assert not covered & set(range(50, 52))
+    assert anchors.tolist() == [9, 13, 17, 21, 25, 39, 40], "shift 0 is the tiling every earlier run trained on"
     for shift in range(1, 4):  # a shifted tiling still covers every span and stays inside them
         shifted = block_anchors(spans, 4, shift)
         assert {a + k for a in shifted for k in range(1, 5)} == covered
         assert 9 + shift in shifted and set(shifted) != set(anchors)
+    with pytest.raises(ValueError, match="shift"):
+        block_anchors(spans, 4, 4)
 
 
-def test_shifted_tilings_are_seeded_by_step():
-    config = TrainConfig(shift_anchors=True)
-    shifts = [step_shift(config, step, 3) for step in range(50)]
-    assert shifts == [step_shift(config, step, 3) for step in range(50)], "a resumed run sees the same blocks"
-    assert set(shifts) == set(range(config.block)), "every offset occurs"
-    assert step_shift(TrainConfig(), 7, 3) == 0, "off by default: one tiling every epoch"
+def test_shifted_tilings_change_with_the_step_and_repeat_on_resume():
+    spans = [(10, 60)]
+    config = TrainConfig(shift_anchors=True, block=7)
+    tilings = [tuple(step_anchors(spans, config, step, 3)) for step in range(40)]
+    assert tilings == [tuple(step_anchors(spans, config, step, 3)) for step in range(40)], "a resumed run sees the same blocks"
+    assert len(set(tilings)) == config.block, "every shift occurs"
+    assert len({tuple(step_anchors(spans, config, 0, row)) for row in range(20)}) > 1, "rows draw their own shifts"
+    fixed = TrainConfig(block=7, max_blocks=3)
+    assert all(step_anchors(spans, fixed, step, 3).tolist() == block_anchors(spans, 7)[:3].tolist() for step in range(5)), \
+        "off by default: one tiling every epoch, cut to max_blocks"
     with pytest.raises(ValueError, match="shift_anchors"):
         TrainConfig(drafter="draft-lm", shift_anchors=True)
 

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from ..data.distill import DistillSettings, answer_batch
 from ..data.features import FeatureSpec, FeatureStore, target_features
 from ..train.config import TrainConfig
-from ..train.drafters import block_anchors, build_drafter_model, compute_loss, make_batch
+from ..train.drafters import build_drafter_model, compute_loss, make_batch, step_anchors
 
 
 def _median_rates(variants: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
@@ -99,7 +99,7 @@ def training(model: PreTrainedModel, tokenizer, store: FeatureStore, rows: list[
         def go() -> int:
             blocks = 0
             for i in rows:
-                anchors = block_anchors(store.sequences.spans[i], config.block)[: config.max_blocks]
+                anchors = step_anchors(store.sequences.spans[i], config, 0, i)
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
                     terms = compute_loss(drafter, drafter, make_batch(store, i, anchors, config.block), config.loss)
                 terms["loss"].backward()

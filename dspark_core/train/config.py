@@ -71,6 +71,6 @@ class TrainConfig:
         if self.steps < 0 or self.epochs <= 0:
             raise ValueError(f"epochs must be > 0 and steps >= 0 (0: from epochs), got {self.epochs}, {self.steps}")
         if self.shift_anchors and self.drafter == "draft-lm":
-            raise ValueError("shift_anchors applies to eagle, dflash and dspark; the draft LM trains on every position.")
+            raise ValueError("shift_anchors applies to eagle, dflash and dspark; the draft LM trains on every position")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")

@@ -53,8 +53,10 @@ def split_indices(n: int, val_fraction: float, seed: int = 0) -> tuple[np.ndarra
 
 def block_anchors(spans: list[Span], g: int, shift: int = 0) -> np.ndarray:
     """Anchors whose blocks (tokens a+1..a+g) tile every span [s, e): a = s-1, then s-1+shift,
-    s-1+shift+g, ..., and the last possible anchor e-1-g so the span's end is covered too (with
-    0 <= shift < g a block overlaps its neighbour at the span's ends only). Spans shorter than g+1 give none."""
+    s-1+shift+g, ..., and the last possible anchor e-1-g so the span's end is covered too (a block
+    overlaps its neighbour at the span's ends only). Spans shorter than g+1 give none. 0 <= shift < g."""
+    if not 0 <= shift < g:
+        raise ValueError(f"shift must be in 0..{g - 1}, got {shift}")
     anchors: set[int] = set()
     for start, end in spans:
         first, last = max(start - 1, 1), end - 1 - g
@@ -64,10 +66,12 @@ def block_anchors(spans: list[Span], g: int, shift: int = 0) -> np.ndarray:
     return np.array(sorted(anchors), dtype=np.int64)
 
 
-def step_shift(config: TrainConfig, step: int, row: int) -> int:
-    """The tiling shift of sequence ``row`` at ``step``: 0, or with ``shift_anchors`` a seeded draw in
-    0..g-1 (a function of the step, so a resumed run sees the same blocks)."""
-    return int(np.random.default_rng([config.seed, step, row]).integers(config.block)) if config.shift_anchors else 0
+def step_anchors(spans: list[Span], config: TrainConfig, step: int, row: int) -> np.ndarray:
+    """The anchors sequence ``row`` (its ``spans``) trains at ``step``: its block tiling, with
+    ``shift_anchors`` shifted by a seeded draw in 0..g-1 (a function of the step, so a resumed run sees
+    the same blocks), cut to ``max_blocks``."""
+    shift = int(np.random.default_rng([config.seed, step, row]).integers(config.block)) if config.shift_anchors else 0
+    return block_anchors(spans, config.block, shift)[: config.max_blocks]
 
 
 def epoch_steps(sequences: Sequences, rows: np.ndarray, config: TrainConfig, epoch: int) -> list[list[int]]:
@@ -289,8 +293,8 @@ def train(
     (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
     def batches_for(step: int) -> list[dict]:
-        batches = [make_batch(store, i, a, config.block, config.ce_label) for i in plan[step]
-                   if len(a := block_anchors(sequences.spans[i], config.block, step_shift(config, step, i))[: config.max_blocks])]
+        batches = [make_batch(store, i, a, config.block, config.ce_label)
+                   for i in plan[step] if len(a := step_anchors(sequences.spans[i], config, step, i))]
         blocks = sum(b["anchors"].shape[1] for b in batches)
         return [{**b, "weight": b["anchors"].shape[1] / blocks} for b in batches]
 
