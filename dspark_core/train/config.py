@@ -22,7 +22,7 @@ class TrainConfig:
     decoder layers) instead of random weights.
     anchor_feature: (ours; dflash, dspark) the block's inputs also get the fused target feature of the
     token before the anchor (:class:`..models.DrafterConfig`).
-    shift_anchors: (dflash, dspark, eagle) shift each sequence's block tiling by a seeded offset in
+    shift_anchors: (eagle, dflash, dspark) shift each sequence's block tiling by a seeded offset in
     0..g-1 at every step, so that later epochs train on other blocks (other anchors, each token at
     another block position) instead of repeating the first epoch's; off, every epoch repeats one tiling.
     epochs: passes over the training split; a step takes sequences until ``tokens_per_step`` span
