@@ -131,9 +131,10 @@ recipe: setup
 # The shipped drafters for the default target, block 7, weights in float8, all trained on every self-distilled
 # answer (no fixed text) with the target in float32. dspark-markov: the command that trained the shipped one
 # (two layers, 1,200 steps, the anchor feature: recipe run distill1m-1200-layers2-anchor), then its calibration,
-# greedy and at T=1 (README, "Training"). dflash: DFlash's published cross-entropy, one layer, the same 1,200 steps (dflash-distill1m-1200-ce).
-# eagle (Eagle3's soft labels with decay, one layer) and dspark-rnn (one layer): 600 steps. The draft LM: 4 layers
-# of width 192, 240 steps (about one epoch; the later --steps wins; 7.8 s a step on two AVX2 cores).
+# greedy and at T=1 (README, "Training drafters"). dflash: DFlash's published cross-entropy, one layer, the same
+# 1,200 steps (dflash-distill1m-1200-ce). eagle (Eagle3's soft labels with decay, one layer) and dspark-rnn
+# (one layer): 600 steps. The draft LM: 4 layers of width 192, 240 steps (about one epoch; the later --steps
+# wins; 7.8 s a step on two AVX2 cores).
 MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED) $(STEPS_1200) --anchor-feature
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
 DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED) $(STEPS_1200)
