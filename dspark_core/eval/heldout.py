@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.paths import PROMPT_DIR, process_tmp
@@ -50,7 +51,7 @@ def selection_set(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, pe
         prompts = [encode_prompt(tokenizer, r["turns"][0]).tolist() for r in records]
         settings = DistillSettings(temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens)
         eos, answers = eos_token_ids(model, tokenizer), []
-        for start in range(0, len(prompts), 32):
+        for start in tqdm(range(0, len(prompts), 32), desc="selection set: greedy answers", unit="batch of 32"):
             answers += answer_batch(model, prompts[start : start + 32], settings, eos, torch.Generator())
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = process_tmp(path)
