@@ -5,6 +5,7 @@ import csv
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -13,7 +14,7 @@ from dspark_core.data.features import FeatureSpec, build_feature_store
 from dspark_core.data.sequences import Sequences, render_conversation
 from dspark_core.drafters.registry import build_drafter
 from dspark_core.drafters.trained import load_trained_drafter
-from dspark_core.eval.heldout import domain_acceptance
+from dspark_core.eval.heldout import domain_acceptance, write_curve_row
 from dspark_core.train import drafters as train_module
 from dspark_core.train.config import TrainConfig
 from dspark_core.train.drafters import (
@@ -93,6 +94,17 @@ def test_an_epoch_visits_every_training_sequence_once(tiny):
     by_steps = TrainConfig(tokens_per_step=60, steps=2 * len(steps))
     assert len(planned_steps(sequences, rows, by_steps)) == 2 * len(steps)
     assert by_steps.epochs == 2.0, "train_meta.json records the epochs a --steps run covered"
+
+
+def test_a_selection_curve_holds_one_row_per_checkpoint_of_the_latest_run(tmp_path):
+    curve = tmp_path / "selection-curve.csv"
+    for step in (10, 20, 30):
+        write_curve_row(curve, {"step": step, "greedy_tau": step / 10})
+    for step in (10, 20):  # a fresh run into the same folder, stopped after its second checkpoint
+        write_curve_row(curve, {"step": step, "greedy_tau": step / 100})
+    assert pd.read_csv(curve).to_dict("list") == {"step": [10, 20], "greedy_tau": [0.1, 0.2]}
+    write_curve_row(curve, {"step": 30, "greedy_tau": 0.3})  # resumed from step 20
+    assert pd.read_csv(curve).to_dict("list") == {"step": [10, 20, 30], "greedy_tau": [0.1, 0.2, 0.3]}
 
 
 def test_quick_recipe_trains_resumes_and_serves(target, tiny, prompts, eos, tmp_path, monkeypatch):

@@ -121,14 +121,26 @@ def evaluate_folder(folder: Path, model: PreTrainedModel, tokenizer: PreTrainedT
     return table
 
 
+def write_curve_row(out_file: Path, row: dict) -> None:
+    """Add one checkpoint's row (``step`` and its measures) to a selection curve, dropping the rows
+    at that step and after it: a row is written only after its checkpoint is saved, so such rows come
+    from an earlier run into the same folder (a fresh start over an old curve). Written atomically."""
+    curve = pd.DataFrame([row])
+    if out_file.is_file():
+        earlier = pd.read_csv(out_file)
+        curve = pd.concat([earlier[earlier["step"] < row["step"]], curve], ignore_index=True)
+    tmp = process_tmp(out_file)
+    curve.to_csv(tmp, index=False)
+    tmp.rename(out_file)
+
+
 def selection_curve(store: FeatureStore, out_file: Path) -> Callable[[int, TargetBoundDraftModel | PreTrainedModel], None]:
-    """A training ``on_save`` hook: append the step's mean greedy a1 and expected tau (greedy and
+    """A training ``on_save`` hook: write the step's mean greedy a1 and expected tau (greedy and
     sampled) on the selection set to ``out_file``, to see when held-out acceptance stops rising."""
 
     def measure(step: int, drafter: TargetBoundDraftModel | PreTrainedModel) -> None:
         mean = domain_acceptance(drafter, store).loc["mean"]
-        row = pd.DataFrame([{"step": step, "greedy_a1": mean["greedy_a1"], "greedy_tau": mean["greedy_tau"],
-                             "sampled_tau": mean["sampled_tau"]}])
-        row.to_csv(out_file, mode="a", header=not out_file.is_file(), index=False)
+        write_curve_row(out_file, {"step": step, "greedy_a1": mean["greedy_a1"], "greedy_tau": mean["greedy_tau"],
+                                   "sampled_tau": mean["sampled_tau"]})
 
     return measure
