@@ -128,7 +128,10 @@ def test_quick_recipe_trains_resumes_and_serves(target, tiny, prompts, eos, tmp_
     assert json.loads((tmp_path / "resumed" / "state" / "state.json").read_text())["step"] == 10
     with (tmp_path / "resumed" / "loss.csv").open("a") as log:  # a row logged after the last save, and a torn line
         log.write("15,1,1,1,1,1,1,1\n16,0.")
-    resumed = train(TrainConfig(**QUICK), model, tokenizer, store, tmp_path / "resumed")
+    hooked = []  # checkpoints whose on_save ran in the resumed run: the one resumed from, then the later ones
+    resumed = train(TrainConfig(**QUICK), model, tokenizer, store, tmp_path / "resumed",
+                    on_save=lambda step, module: hooked.append((step, module.training)))
+    assert hooked == [(10, False), (20, False)]
     for name, tensor in straight.state_dict().items():
         assert torch.allclose(tensor, resumed.state_dict()[name], atol=1e-6), name
     steps = [int(r["step"]) for r in csv.DictReader((tmp_path / "resumed" / "loss.csv").open())]

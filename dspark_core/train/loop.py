@@ -71,7 +71,8 @@ def fit(
 
     batches_for(step) returns the step's micro-batches: dicts of CPU tensors plus ``weight``, their
     share of the step (weights sum to 1); loss_fn(model, batch) returns named terms including ``loss``.
-    on_save(step, module) runs after every checkpoint (e.g. to measure held-out acceptance as training goes).
+    on_save(step, module) runs after every checkpoint (e.g. to measure held-out acceptance as training goes),
+    and again at the checkpoint a run resumes from, so it must give the same result when repeated.
     """
     accelerator = Accelerator()
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=config.lr, weight_decay=0.0)
@@ -86,6 +87,8 @@ def fit(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule, last_epoch=step - 1)
     wrapped, optimizer, scheduler = accelerator.prepare(module, optimizer, scheduler)
     _keep_log_until(log_path, step)
+    if step and on_save is not None and accelerator.is_main_process:  # a kill inside the last hook loses nothing
+        on_save(step, accelerator.unwrap_model(wrapped).eval())
     wrapped.train()
     bar = tqdm(total=config.steps, initial=step, desc=desc, unit="step", disable=not accelerator.is_main_process)
     sums: Counter = Counter()
