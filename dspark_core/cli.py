@@ -418,7 +418,8 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--draft-vocab", type=int, default=tc.draft_vocab, help="reduced draft vocabulary size")
     trn.add_argument("--rank", type=int, default=tc.rank, help="Markov embedding / RNN state width r")
     trn.add_argument("--loss", choices=list(LOSSES), default=tc.loss,
-                     help="dspark (0.1 CE + 0.9 TV + BCE), ce (DFlash's), eagle3 (soft CE, step weights 0.8^k)")
+                     help="dspark (0.1 CE + 0.9 TV + BCE), dspark-kl (ours: dspark's + 1.0 soft CE), ce (DFlash's), "
+                          "eagle3 (soft CE, step weights 0.8^k)")
     trn.add_argument("--ce-label", choices=list(CE_LABELS), default=tc.ce_label,
                      help="the CE term's label: the text's next token or the target's argmax")
     trn.add_argument("--epochs", type=float, default=tc.epochs, help="passes over the training split")

@@ -134,6 +134,10 @@ def test_loss_terms_match_hand_computation():
     bce2 = -(1.0 * math.log(0.9))
     assert float(terms["conf"]) == pytest.approx(bce1 + w2 * bce2, rel=1e-5)
     assert float(terms["loss"]) == pytest.approx(0.1 * -math.log(0.2) + 0.9 * 0.4 + bce1 + w2 * bce2, rel=1e-5)
+    soft_ce = -(p_t[0] * p_d[0].log()).sum() - w2 * (p_t[1] * p_d[1].log()).sum()  # over the draft vocabulary only
+    assert float(terms["soft_ce"]) == pytest.approx(float(soft_ce), rel=1e-5)
+    with_kl = drafter_loss(p_d.log(), conf, p_t, outside, labels, "dspark-kl")
+    assert float(with_kl["loss"]) == pytest.approx(float(terms["loss"]) + float(soft_ce), rel=1e-5)
     assert "conf" not in drafter_loss(p_d.log(), None, p_t, outside, labels)
 
 

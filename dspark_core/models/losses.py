@@ -1,7 +1,8 @@
 """Drafter training losses: DSpark's (paper eq. 8-12: 0.1 CE + 0.9 TV + 1.0 BCE-confidence,
 position weights exp(-(k-1)/g)), DFlash's (CE only, same weights) and EAGLE-3's (soft cross-entropy
-against the target's distribution, step weights 0.8^(k-1)); a dspark drafter adds the confidence BCE
-to every recipe.
+against the target's distribution, step weights 0.8^(k-1)); ``dspark-kl`` (ours) is DSpark's plus
+EAGLE-3's soft cross-entropy at weight 1 (TV trains the sampled acceptance, the soft labels the
+argmax that greedy acceptance needs). A dspark drafter adds the confidence BCE to every recipe.
 
 Shapes: ``[..., g]`` per block position, ``[..., g, Vd]`` over the draft vocabulary. The target's
 distribution ``p_t`` lives on the full vocabulary; restricted to the draft vocabulary it is
@@ -16,6 +17,7 @@ import torch.nn.functional as F
 LOSS_WEIGHTS = {"ce": 0.1, "tv": 0.9, "conf": 1.0}
 RECIPES = {  # loss name -> (term weights, per-position decay: None for exp(-(k-1)/g), else the base of base^(k-1))
     "dspark": (LOSS_WEIGHTS, None),
+    "dspark-kl": ({**LOSS_WEIGHTS, "soft_ce": 1.0}, None),
     "ce": ({"ce": 1.0, "conf": 1.0}, None),
     "eagle3": ({"soft_ce": 1.0, "conf": 1.0}, 0.8),
 }

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LOSSES = ("dspark", "ce", "eagle3")
+from ..models.losses import RECIPES
+
+LOSSES = tuple(RECIPES)
 CE_LABELS = ("text", "argmax")
 
 
@@ -13,8 +15,9 @@ class TrainConfig:
     """``drafter`` is eagle / dflash / dspark (on the feature store) or draft-lm (an independent small
     causal LM of ``layers`` layers and width ``lm_width``).
 
-    loss: ``dspark`` (0.1 CE + 0.9 TV + 1.0 BCE, position weights exp(-(k-1)/g)), ``ce`` (DFlash's:
-    CE, + BCE for dspark, same weights) or ``eagle3`` (EAGLE-3's: soft CE against the target's
+    loss: ``dspark`` (0.1 CE + 0.9 TV + 1.0 BCE, position weights exp(-(k-1)/g)), ``dspark-kl`` (ours:
+    DSpark's plus 1.0 soft CE against the target's distribution, same weights), ``ce`` (DFlash's: CE,
+    + BCE for dspark, same weights) or ``eagle3`` (EAGLE-3's: soft CE against the target's
     distribution, step weights 0.8^(k-1)); the draft LM always uses CE.
     ce_label: the CE term's label, ``text`` (the next token of the training text) or ``argmax`` (the
     target's most likely next token; on fixed text it differs from the text).
