@@ -114,6 +114,7 @@ recipe: setup
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 3 --out $(RECIPE)/distill1m-600-layers3
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --init-from-target --out $(RECIPE)/distill1m-600-layers2-init
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --seed 1 --out $(RECIPE)/distill1m-600-layers2-seed1
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --loss dspark-kl --out $(RECIPE)/distill1m-600-layers2-kl
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --out $(RECIPE)/distill1m-1200-layers2
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --anchor-feature --out $(RECIPE)/distill1m-1200-layers2-anchor
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --shift-anchors --out $(RECIPE)/distill1m-1200-layers2-shift
