@@ -94,7 +94,7 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # (fixed ShareGPT text against the target's own answers); then, on every self-distilled answer (1.37M tokens,
 # 600 steps unless the line says otherwise), one change at a time from the 600-step dspark-markov recipe
 # (distill1m-600-layers2), and the baselines with their published losses and with DSpark's. Notebook 03
-# (section 5) tabulates the runs and their selection curves. About 24 hours of training steps on 2 cores
+# (section 5) tabulates the runs and their selection curves. About 24.5 hours of training steps on 2 cores
 # (summed from the runs' loss.csv, on the project's machines; plus the feature store, 1 to 1.2 hours, and the
 # selection checks); each run resumes where it stopped.
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
@@ -118,6 +118,7 @@ recipe: setup
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --draft-vocab 16384 --out $(RECIPE)/distill1m-600-layers2-vocab16k
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --lr 1.2e-3 --out $(RECIPE)/distill1m-600-layers2-lr1.2e-3
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --out $(RECIPE)/distill1m-1200-layers2
+	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --tokens-per-step 2048 --out $(RECIPE)/distill1m-1200-layers2-half-batch
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --anchor-feature --out $(RECIPE)/distill1m-1200-layers2-anchor
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --shift-anchors --out $(RECIPE)/distill1m-1200-layers2-shift
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 $(STEPS_1200) --anchor-feature --shift-anchors --out $(RECIPE)/distill1m-1200-layers2-anchor-shift
