@@ -247,7 +247,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
         ce_label=args.ce_label, init_from_target=args.init_from_target, anchor_feature=args.anchor_feature,
-        shift_anchors=args.shift_anchors,
+        shift_anchors=args.shift_anchors, distill_repeats=args.distill_repeats,
         epochs=args.epochs, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr, warmup=args.warmup,
         val_fraction=args.val_fraction, seed=args.seed, save_every=args.save_every, lm_width=args.lm_width,
         bf16=args.autocast == "bfloat16" or (args.autocast == "auto" and native_bf16(args.device)), save_dtype=args.save_dtype,
@@ -260,7 +260,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     on_save = None
     if args.selection:  # a draft LM reads no features: any store of the selection set holds the target's top k
         curve = Path(args.out) / "selection-curve.csv"
-        on_save = selection_curve(selection_store(model, tokenizer, config.feature_layers), curve)
+        judge = model if model.dtype == torch.float32 else load_target(args.model, device=args.device)[0]
+        on_save = selection_curve(selection_store(judge, tokenizer, config.feature_layers), curve)  # float32, as heldout
     if config.drafter == "draft-lm":
         trained = train_draft_lm(config, model, tokenizer, sequences, Path(args.out), on_save)
     else:
@@ -435,13 +436,16 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--save-dtype", choices=["bfloat16", "float8"], default=tc.save_dtype,
                      help="the shipped weights' dtype (float8: e4m3 with a scale per row, half of bfloat16's size)")
     trn.add_argument("--selection", action="store_true",
-                     help="at every checkpoint, measure acceptance on the held-out selection set (selection-curve.csv)")
+                     help="at every checkpoint, measure acceptance on the held-out selection set (selection-curve.csv; "
+                          "answered and read by the float32 target whatever --dtype, as `dspark heldout` measures)")
     trn.add_argument("--seed", type=int, default=tc.seed)
     trn.add_argument("--sources", default="fixed,distill",
                      help="training text: fixed (ShareGPT conversations read by the target), distill (its own answers)")
     trn.add_argument("--max-tokens", type=int, default=None, help="a seeded random subset of about N tokens of the text")
     trn.add_argument("--fixed-tokens", type=int, default=None,
                      help="about N tokens of fixed-text conversations (a seeded subset), with every distilled answer")
+    trn.add_argument("--distill-repeats", type=int, default=tc.distill_repeats,
+                     help="times each self-distilled answer is visited per epoch (fixed text once): the mix's weight")
     trn.add_argument("--top-k", type=int, default=16, help="target probabilities stored per position")
     trn.add_argument("--max-gb", type=float, default=20.0, help="disk budget of the feature store")
     trn.add_argument("--features-only", action="store_true", help="build the feature store and stop (resumable)")

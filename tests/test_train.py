@@ -3,6 +3,7 @@ after an interruption and serves losslessly; every drafter kind, loss recipe and
 
 import csv
 import json
+from collections import Counter
 
 import numpy as np
 import pandas as pd
@@ -21,6 +22,7 @@ from dspark_core.train.drafters import (
     block_anchors,
     build_draft_lm,
     draft_lm_loss,
+    epoch_rows,
     epoch_steps,
     lm_batch,
     planned_steps,
@@ -94,6 +96,19 @@ def test_an_epoch_visits_every_training_sequence_once(tiny):
     by_steps = TrainConfig(tokens_per_step=60, steps=2 * len(steps))
     assert len(planned_steps(sequences, rows, by_steps)) == 2 * len(steps)
     assert by_steps.epochs == 2.0, "train_meta.json records the epochs a --steps run covered"
+
+
+def test_distill_repeats_visit_each_distilled_answer_that_many_times_an_epoch(tiny):
+    sequences, _ = tiny
+    mixed = Sequences(sequences.ids, ["distill:chat", "fixed:test"] * 4, sequences.tokens, sequences.spans)
+    rows = np.arange(1, len(mixed))
+    assert epoch_rows(mixed, rows, 1).tolist() == rows.tolist(), "one repeat leaves every earlier plan as it was"
+    config = TrainConfig(tokens_per_step=60, distill_repeats=3)
+    visits = Counter(i for step in planned_steps(mixed, rows, config) for i in step)
+    assert config.epochs == 1.0
+    assert visits == {i: 3 if mixed.sources[i].startswith("distill:") else 1 for i in rows.tolist()}
+    with pytest.raises(ValueError, match="distill_repeats"):
+        TrainConfig(distill_repeats=0)
 
 
 def test_a_selection_curve_holds_one_row_per_checkpoint_of_the_latest_run(tmp_path):

@@ -25,6 +25,7 @@ from dspark_core.data.train_prompts import (
     meta_path,
     python_version,
 )
+from dspark_core.train.drafters import block_anchors
 
 PROMPT_DIR = training_set.PROMPT_DIR
 BUILT_FILES = ("distill.jsonl", "calibration.jsonl", "conversations.json", "mix.json")
@@ -405,9 +406,20 @@ def test_feature_store_holds_the_targets_features_and_top_k(target, sequences, t
             assert _relative_error(stored[:, m], out.hidden_states[layer][0]) < 0.03, (i, layer)
         assert torch.equal(store.features(i, 5), stored[:5])
         ids, probs = store.target_topk(i, np.arange(len(tokens)))
-        logits = out.logits[0].float()
-        assert torch.equal(ids, logits.topk(SPEC.top_k, dim=-1).indices)
-        assert (probs - torch.softmax(logits, -1).gather(-1, ids)).abs().max() < 1e-2
+        kept = torch.from_numpy(features.label_positions(sequences.spans[i], len(tokens)))
+        logits = out.logits[0, kept].float()
+        assert torch.equal(ids[kept], logits.topk(SPEC.top_k, dim=-1).indices)
+        assert (probs[kept] - torch.softmax(logits, -1).gather(-1, ids[kept])).abs().max() < 1e-2
+        assert not ids[~kept].any() and not probs[~kept].any(), "no LM head off the positions drafters read"
+        assert 0 < int(kept.sum()) < len(tokens)
+
+
+def test_label_positions_cover_every_block_a_drafter_trains_on():
+    spans = [(3, 9), (12, 20)]
+    needed = features.label_positions(spans, 22)
+    assert np.flatnonzero(needed).tolist() == [*range(2, 8), *range(11, 19)]
+    for anchor in block_anchors(spans, 4):  # a block after anchor a reads positions a .. a + g - 1
+        assert needed[anchor : anchor + 4].all()
 
 
 def test_feature_store_is_reused_and_keyed(target, sequences, tmp_path, monkeypatch):

@@ -28,6 +28,9 @@ class TrainConfig:
     shift_anchors: (eagle, dflash, dspark) shift each sequence's block tiling by a seeded offset in
     0..g-1 at every step, so that later epochs train on other blocks (other anchors, each token at
     another block position) instead of repeating the first epoch's; off, every epoch repeats one tiling.
+    distill_repeats: how many times an epoch visits each self-distilled answer (source ``distill:*``;
+    fixed text and every other source once): the target's own answers teach more per token than fixed
+    text, so a mix can weight them up without dropping the fixed text.
     epochs: passes over the training split; a step takes sequences until ``tokens_per_step`` span
     tokens are in it, and every span token is a block target once per epoch. ``steps`` > 0 overrides
     the count (quick runs). bf16: autocast the drafter's forward and backward to bfloat16.
@@ -45,6 +48,7 @@ class TrainConfig:
     init_from_target: bool = False
     anchor_feature: bool = False
     shift_anchors: bool = False
+    distill_repeats: int = 1
     epochs: float = 1.0
     steps: int = 0
     tokens_per_step: int = 4096
@@ -68,7 +72,7 @@ class TrainConfig:
             raise ValueError(f"drafter must be eagle, dflash, dspark or draft-lm, got {self.drafter!r}")
         if self.drafter != "dspark":
             self.head = "none"
-        for name in ("layers", "block", "tokens_per_step", "max_blocks", "draft_vocab"):
+        for name in ("layers", "block", "tokens_per_step", "max_blocks", "draft_vocab", "distill_repeats"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.steps < 0 or self.epochs <= 0:

@@ -256,9 +256,18 @@ def run_metadata(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrai
     }
 
 
+def epoch_rows(sequences: Sequences, rows: np.ndarray, distill_repeats: int) -> np.ndarray:
+    """The rows one epoch visits: ``rows``, with every self-distilled one (source ``distill:*``)
+    ``distill_repeats`` times."""
+    distilled = np.array([sequences.sources[i].startswith("distill:") for i in rows.tolist()], dtype=bool)
+    return np.sort(np.concatenate([rows] + [rows[distilled]] * (distill_repeats - 1)))
+
+
 def planned_steps(sequences: Sequences, rows: np.ndarray, config: TrainConfig) -> list[list[int]]:
-    """Every step's sequence rows: ``epochs`` passes (the last one cut short when fractional), or ``steps``.
-    Sets ``config.steps`` and ``config.epochs`` to what the plan covers, whichever of the two was given."""
+    """Every step's sequence rows: ``epochs`` passes (the last one cut short when fractional), or ``steps``,
+    each pass over :func:`epoch_rows`. Sets ``config.steps`` and ``config.epochs`` to what the plan covers,
+    whichever of the two was given."""
+    rows = epoch_rows(sequences, rows, config.distill_repeats)
     plan: list[list[int]] = []
     epoch = 0
     per_epoch = len(epoch_steps(sequences, rows, config, 0))
