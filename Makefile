@@ -96,12 +96,18 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # (distill1m-600-layers2), and the baselines with their published losses and with DSpark's. Notebook 03
 # (section 5) tabulates the runs and their selection curves. About 24.5 hours of training steps on 2 cores
 # (summed from the runs' loss.csv, on the project's machines; plus the feature store, 1 to 1.2 hours, and the
-# selection checks); each run resumes where it stopped.
+# selection checks); each run resumes where it stopped. Last, the 10M-token run: every distilled answer
+# (three times an epoch) and 9M tokens of fixed ShareGPT text, the target and the training in bfloat16
+# (its feature store, 10.4M tokens and 19 GB, took 4 h 21 min on two cores; the 1,000 steps about 80 min),
+# and its control, the same 1,000 steps on the distilled answers alone (store about 35 min).
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
 	--autocast float32 --save-every 50 --save-dtype bfloat16
 ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
 # The longer schedule: the same flags stretched over 1,200 steps (the later --steps and --save-every win).
 STEPS_1200 = --steps 1200 --save-every 120
+# The 10M-token run and its control on the distilled answers alone: the same flags, the target and training in bfloat16.
+BF16_1000 = $(BIN)/dspark train --drafter dspark --head markov --layers 2 --steps 1000 --save-every 100 --anchor-feature \
+	--shift-anchors --ce-label argmax --selection --dtype bfloat16 --autocast bfloat16 --save-dtype float8
 recipe: setup
 	$(SLICE_300K) --sources fixed --epochs 3 --out $(RECIPE)/fixed300k-base
 	$(SLICE_300K) --sources fixed --epochs 3 --layers 2 --out $(RECIPE)/fixed300k-layers2
@@ -132,6 +138,8 @@ recipe: setup
 	$(ON_DISTILLED) --drafter eagle --loss eagle3 --out $(RECIPE)/eagle-distill1m-600-eagle3
 	$(ON_DISTILLED) --drafter eagle --loss dspark --out $(RECIPE)/eagle-distill1m-600-dspark-loss
 	$(ON_DISTILLED) --drafter draft-lm --layers 4 --lm-width 192 --steps 240 --out $(RECIPE)/draft-lm-distill1m-240
+	$(BF16_1000) --sources fixed,distill --fixed-tokens 9000000 --distill-repeats 3 --out $(RECIPE)/mix10m-1000-layers2-anchor
+	$(BF16_1000) --sources distill --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16
 	$(BIN)/dspark heldout $(RECIPE)/* --dtype float32 --out data/results/recipe/heldout.csv
 
 # The shipped drafters for the default target, block 7, weights in float8, all trained on every self-distilled
