@@ -23,10 +23,13 @@ from dspark_core.drafters.trained import (
 )
 from dspark_core.models import (
     drafter_loss,
+    eagle,
     l1_distance,
+    parallel,
     position_weights,
     soft_acceptance,
 )
+from dspark_core.models.parallel import block_attention
 
 from .tiny import VARIANTS, drafter_for, tiny_target
 
@@ -178,3 +181,60 @@ def test_training_forward_matches_inference_drafting(target, prompts, name):
     ids = drafter.draft_token_ids
     assert torch.allclose(torch.softmax(logits[0, 0], -1), draft.probs[:, ids], atol=1e-5)
     assert float(draft.probs.sum(-1).sub(1).abs().max()) < 1e-5 and float(draft.probs[:, ids].sum(-1).min()) > 0.999
+
+
+def test_block_attention_equals_dense_attention_with_other_blocks_masked():
+    """block_attention (context keys plus each block's own keys, one softmax) is dense attention over
+    [context; every block's keys] with the other blocks' keys masked, grouped key/value heads included,
+    with and without a mask over a block's own keys; a wrong block assignment fails the same check."""
+    gen = torch.Generator().manual_seed(0)
+    batch, heads, kv_heads, hd, length, blocks, size, past = 2, 4, 2, 8, 11, 3, 2, 1
+    n, own = blocks * size, past + size
+    q = torch.randn(batch, heads, n, hd, generator=gen, dtype=torch.float64)
+    ctx_k, ctx_v = (torch.randn(batch, kv_heads, length, hd, generator=gen, dtype=torch.float64) for _ in range(2))
+    local_k, local_v = (torch.randn(batch, kv_heads, blocks, own, hd, generator=gen, dtype=torch.float64) for _ in range(2))
+    ctx_mask = torch.rand(batch, n, length, generator=gen) < 0.6
+    causal = torch.ones(size, own, dtype=torch.bool).tril(past)
+
+    def dense(local_mask, block_of_query):
+        keys = torch.cat([ctx_k, local_k.flatten(2, 3)], 2).repeat_interleave(heads // kv_heads, 1)
+        values = torch.cat([ctx_v, local_v.flatten(2, 3)], 2).repeat_interleave(heads // kv_heads, 1)
+        own_mask = torch.zeros(n, blocks * own, dtype=torch.bool)
+        for i in range(n):
+            j = block_of_query[i]
+            own_mask[i, j * own : (j + 1) * own] = local_mask[i % size]
+        mask = torch.cat([ctx_mask, own_mask.expand(batch, -1, -1)], -1)
+        scores = (q @ keys.transpose(-1, -2) / hd**0.5).masked_fill(~mask[:, None], float("-inf"))
+        return (scores.softmax(-1) @ values).transpose(1, 2).reshape(batch, n, heads * hd)
+
+    right = [i // size for i in range(n)]
+    for local_mask in (None, causal):
+        got = block_attention(q, ctx_k, ctx_v, ctx_mask, local_k, local_v, local_mask)
+        full = torch.ones(size, own, dtype=torch.bool) if local_mask is None else local_mask
+        assert torch.allclose(got, dense(full, right), atol=1e-12)
+        assert not torch.allclose(got, dense(full, right[size:] + right[:size]), atol=1e-3)  # negative control
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_a_forward_in_chunks_of_blocks_equals_one_pass(monkeypatch, name):
+    """Training forwards run the blocks a chunk at a time, each over the context its blocks see
+    (block_chunks): the logits equal those of one pass over every block and the whole context."""
+    model, tokenizer = tiny_target(vocab=64)
+    drafter = drafter_for(model, tokenizer, name, draft_vocab_size=48, block_size=4)
+    drafter.attach_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
+    gen = torch.Generator().manual_seed(1)
+    length, g = 40, 4
+    anchor_pos = torch.tensor([[2, 5, 9, 13, 17, 20, 24, 28, 31, 35]])
+    tokens = torch.randint(0, 64, (1, length + g + 1), generator=gen)
+    inputs = dict(features=torch.randn(1, length, 3, model.config.hidden_size, generator=gen),
+                  ctx_next_tokens=tokens[:, 1 : length + 1], anchors=tokens[:, anchor_pos[0]], anchor_pos=anchor_pos,
+                  ctx_visible=(torch.arange(length)[None, :] < anchor_pos[0][:, None])[None],
+                  prev_tokens=tokens[:, anchor_pos[0][:, None] + torch.arange(g)])
+    with torch.no_grad():
+        whole, _ = drafter(**inputs)
+        monkeypatch.setattr(parallel, "BLOCK_CHUNK", 3)
+        monkeypatch.setattr(eagle, "STEP_CHUNK", 3)
+        monkeypatch.setattr(parallel, "CONTEXT_MULTIPLE", 8)
+        assert [end for _, end in parallel.block_chunks(inputs["ctx_visible"], 3)] == [16, 24, 32, 40]
+        chunked, _ = drafter(**inputs)
+    assert torch.allclose(whole, chunked, atol=1e-5)

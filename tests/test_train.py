@@ -98,6 +98,30 @@ def test_an_epoch_visits_every_training_sequence_once(tiny):
     assert by_steps.epochs == 2.0, "train_meta.json records the epochs a --steps run covered"
 
 
+@pytest.mark.parametrize("kind", ["dspark", "eagle"])
+def test_a_padded_batch_has_the_loss_and_gradients_of_the_unpadded_one(target, tiny, kind):
+    """Training pads a sequence's blocks and context to repeated shapes (make_batch's ``pad``): the padding
+    blocks weigh nothing and no block sees the padded context, so the loss and its gradients are unchanged."""
+    model, tokenizer = target
+    sequences, store = tiny
+    config = TrainConfig(drafter=kind, block=4, draft_vocab=512, rank=16, loss="eagle3" if kind == "eagle" else "dspark")
+    drafter = train_module.build_drafter_model(config, model, tokenizer, torch.arange(512))
+    anchors = block_anchors(sequences.spans[0], config.block)
+    results = []
+    for pad in (None, (16, 128)):
+        batch = train_module.make_batch(store, 0, anchors, config.block, pad=pad)
+        drafter.zero_grad()
+        terms = train_module.compute_loss(drafter, drafter, batch, config.loss)
+        terms["loss"].backward()
+        results.append((batch, terms, [p.grad.clone() for p in drafter.parameters() if p.grad is not None]))
+    (plain, plain_terms, plain_grads), (padded, padded_terms, padded_grads) = results
+    assert padded["anchors"].shape[1] == 16 and padded["features"].shape[1] == 128 > plain["features"].shape[1]
+    assert padded["block_weights"].sum() == len(anchors) < 16
+    for name in plain_terms:
+        assert torch.allclose(plain_terms[name], padded_terms[name], rtol=1e-5), name
+    assert all(torch.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(plain_grads, padded_grads))
+
+
 def test_distill_repeats_visit_each_distilled_answer_that_many_times_an_epoch(tiny):
     sequences, _ = tiny
     mixed = Sequences(sequences.ids, ["distill:chat", "fixed:test"] * 4, sequences.tokens, sequences.spans)

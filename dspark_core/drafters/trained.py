@@ -217,7 +217,7 @@ class EagleDrafter(_ServedDrafter):
             rows.append(q)
             if k + 1 < gamma:
                 pos = torch.tensor([[self.ctx_len + k]], device=h.device)
-                mask = torch.ones(1, 1, past[0][0].shape[2] + 1, dtype=torch.bool, device=h.device)
-                h, own = self.drafter.run(self.drafter.step_inputs(h, token.view(1, 1)), pos, past, mask)
+                sees_past = torch.ones(1, 1, past[0][0].shape[2], dtype=torch.bool, device=h.device)
+                h, own = self.drafter.run(self.drafter.step_inputs(h, token.view(1, 1)), pos, past, sees_past)
                 past = concat_kv(past, own)
         return Draft(tokens=torch.stack(tokens).cpu(), probs=torch.stack(rows))

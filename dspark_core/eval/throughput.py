@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from ..data.distill import DistillSettings, answer_batch
 from ..data.features import FeatureSpec, FeatureStore, target_features
 from ..train.config import TrainConfig
-from ..train.drafters import build_drafter_model, compute_loss, make_batch, step_anchors
+from ..train.drafters import TRAIN_PADDING, build_drafter_model, compute_loss, make_batch, step_anchors
 
 
 def _median_rates(variants: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
@@ -101,7 +101,8 @@ def training(model: PreTrainedModel, tokenizer, store: FeatureStore, rows: list[
             for i in rows:
                 anchors = step_anchors(store.sequences.spans[i], config, 0, i)
                 with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                    terms = compute_loss(drafter, drafter, make_batch(store, i, anchors, config.block), config.loss)
+                    terms = compute_loss(drafter, drafter, make_batch(store, i, anchors, config.block, pad=TRAIN_PADDING),
+                                         config.loss)
                 terms["loss"].backward()
                 blocks += len(anchors)
             optimizer.step()

@@ -46,9 +46,11 @@ def drafter_loss(
     p_t_outside: torch.Tensor,
     labels: torch.Tensor,
     recipe: str = "dspark",
+    block_weights: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loss terms averaged over blocks, each summed over positions with weights w_k; ``loss`` is the
-    recipe's weighted sum (every term is returned, weighted or not, for the loss curve).
+    recipe's weighted sum (every term is returned, weighted or not, for the loss curve). ``block_weights``
+    [...] weighs the average (0 for a padding block); equal weights when None.
 
     draft_logits: [..., g, Vd]; confidences: [..., g] or None (no confidence head);
     p_t_draft: [..., g, Vd]; p_t_outside: [..., g]; labels: [..., g] draft-vocab index of the
@@ -67,7 +69,10 @@ def drafter_loss(
         label = soft_acceptance(l1.detach()).clamp(0.0, 1.0)
         c = confidences.float().clamp(1e-6, 1 - 1e-6)  # BCE written out: F.binary_cross_entropy refuses autocast
         terms["conf"] = -(label * c.log() + (1 - label) * (1 - c).log())
-    out = {name: (value * w).sum(-1).mean() for name, value in terms.items()}
+    if block_weights is None:
+        block_weights = torch.ones(labels.shape[:-1], device=labels.device)
+    share = block_weights / block_weights.sum()
+    out = {name: ((value * w).sum(-1) * share).sum() for name, value in terms.items()}
     out["loss"] = sum(weights.get(name, 0.0) * value for name, value in out.items())
     return out
 

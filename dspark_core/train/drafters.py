@@ -87,31 +87,49 @@ def epoch_steps(sequences: Sequences, rows: np.ndarray, config: TrainConfig, epo
     return steps + [current] if current else steps
 
 
-def make_batch(store: FeatureStore, i: int, anchors: np.ndarray, g: int, ce_label: str = "text") -> dict:
+def make_batch(store: FeatureStore, i: int, anchors: np.ndarray, g: int, ce_label: str = "text",
+               pad: tuple[int, int] | None = None) -> dict:
     """Teacher-forced blocks of sequence ``i`` at ``anchors`` [n] (a batch of one sequence).
 
     Returns tensors: features [1, T, m, d_t] (T = the last anchor: the context any block needs),
     ctx_next_tokens [1, T] (x_{t+1}), anchors / anchor_pos [1, n], ctx_visible [1, n, T],
     prev_tokens / labels [1, n, g] (the token before / at each block position; labels are the text's
     next token or the target's argmax), top_ids / top_probs [1, n, g, k] (the target's distribution
-    at each block position).
+    at each block position), block_weights [1, n] (1; 0 for padding).
+
+    ``pad`` = (blocks, context): round n up to a multiple of ``blocks`` with copies of the last block
+    (weight 0) and T up to a multiple of ``context`` with zero features that no block sees. Training
+    pads so that its matrix shapes repeat: on a CPU every new shape costs oneDNN a kernel build (about
+    a quarter of an unpadded step's time).
     """
+    n = len(anchors)
+    if pad is not None:
+        anchors = np.concatenate([anchors, np.full(-n % pad[0], anchors[-1])])
     tokens = torch.from_numpy(np.asarray(store.sequences.tokens[i], dtype=np.int64))
     width = int(anchors.max())
     at = anchors[:, None] + np.arange(g)  # [n, g]: position anchor + k - 1 predicts token anchor + k
     top_ids, top_probs = store.target_topk(i, at)
+    features, next_tokens = store.features(i, width), tokens[1 : width + 1]
+    if pad is not None:
+        extra = -width % pad[1]
+        features = torch.cat([features, features.new_zeros(extra, *features.shape[1:])])
+        next_tokens = torch.cat([next_tokens, next_tokens.new_zeros(extra)])
     batch = {
-        "features": store.features(i, width),
-        "ctx_next_tokens": tokens[1 : width + 1],
+        "features": features,
+        "ctx_next_tokens": next_tokens,
         "anchor_pos": torch.from_numpy(anchors),
-        "ctx_visible": torch.arange(width)[None, :] < torch.from_numpy(anchors)[:, None],
+        "ctx_visible": torch.arange(len(features))[None, :] < torch.from_numpy(anchors)[:, None],
         "prev_tokens": tokens[at],
         "labels": tokens[at + 1] if ce_label == "text" else top_ids[..., 0],
         "top_ids": top_ids,
         "top_probs": top_probs,
+        "block_weights": (torch.arange(len(anchors)) < n).float(),
     }
     batch["anchors"] = batch["prev_tokens"][:, 0]
     return {name: value[None] for name, value in batch.items()}
+
+
+TRAIN_PADDING = (16, 128)  # training batches round blocks up to a multiple of 16 and context to one of 128
 
 
 def drafter_inputs(batch: dict) -> dict:
@@ -138,7 +156,8 @@ def compute_loss(drafter: TargetBoundDraftModel, model: torch.nn.Module, batch: 
     """Loss terms of one batch; ``model`` is ``drafter`` or its accelerate-wrapped version."""
     logits, confidences = model(**drafter_inputs(batch))
     p_t, outside = target_probs_on_draft_vocab(drafter, batch["top_ids"], batch["top_probs"])
-    return drafter_loss(logits, confidences, p_t, outside, drafter.to_draft_ids(batch["labels"]), loss)
+    return drafter_loss(logits, confidences, p_t, outside, drafter.to_draft_ids(batch["labels"]), loss,
+                        batch["block_weights"])
 
 
 def feature_drafter_blocks(drafter: TargetBoundDraftModel, store: FeatureStore, i: int, anchors: np.ndarray,
@@ -302,10 +321,10 @@ def train(
     (out_dir / "train_meta.json").write_text(json.dumps(meta, indent=1, default=str))
 
     def batches_for(step: int) -> list[dict]:
-        batches = [make_batch(store, i, a, config.block, config.ce_label)
+        batches = [make_batch(store, i, a, config.block, config.ce_label, TRAIN_PADDING)
                    for i in plan[step] if len(a := step_anchors(sequences.spans[i], config, step, i))]
-        blocks = sum(b["anchors"].shape[1] for b in batches)
-        return [{**b, "weight": b["anchors"].shape[1] / blocks} for b in batches]
+        blocks = sum(float(b["block_weights"].sum()) for b in batches)
+        return [{**b, "weight": float(b["block_weights"].sum()) / blocks} for b in batches]
 
     desc = f"train {config.drafter}" + (f"-{config.head}" if config.drafter == "dspark" else "")
     drafter = fit(drafter, lambda m, b: compute_loss(drafter, m, b, config.loss), batches_for, config, out_dir, desc,
