@@ -392,7 +392,9 @@ def test_quantize_round_trip_is_within_three_percent(target, prompts):
         assert _relative_error(features.dequantize(*features.quantize(hidden[layer][0])), hidden[layer][0]) < 0.03, layer
 
 
-def test_feature_store_holds_the_targets_features_and_top_k(target, sequences, tmp_path):
+@pytest.mark.parametrize("head_rows", [features.HEAD_ROWS, 5])  # 5: the LM head in many slices, the last one partial
+def test_feature_store_holds_the_targets_features_and_top_k(target, sequences, tmp_path, monkeypatch, head_rows):
+    monkeypatch.setattr(features, "HEAD_ROWS", head_rows)
     model, tokenizer = target
     assert [len(s) for s in sequences.spans] == [1, 2, 1]
     store = features.build_feature_store(model, tokenizer, sequences, SPEC, root=tmp_path)
