@@ -24,7 +24,7 @@ from ..train.config import TrainConfig
 from ..train.drafters import TRAIN_PADDING, build_drafter_model, compute_loss, make_batch, step_anchors
 
 
-def _median_rates(variants: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
+def median_rates(variants: dict[str, Callable[[], int]], repeats: int) -> dict[str, float]:
     """{name: median of units / second} over ``repeats`` interleaved runs of every variant (each
     returns how many units it made)."""
     rates: dict[str, list[float]] = {name: [] for name in variants}
@@ -70,7 +70,7 @@ def answering(models: dict[str, PreTrainedModel], prompts: list[list[int]], eos:
 
     variants = {"model.generate, batch 32, float32 (before)": lambda: _generate_old(models["float32"], prompts, settings, eos)}
     variants.update({f"answer_batch, batch {settings.batch_size}, {dtype}": new(m) for dtype, m in models.items()})
-    rates = _median_rates(variants, repeats)
+    rates = median_rates(variants, repeats)
     return pd.DataFrame([{"stage": "answering", "variant": k, "unit": "response tokens/s", "rate": v} for k, v in rates.items()])
 
 
@@ -84,7 +84,7 @@ def prefill(models: dict[str, PreTrainedModel], sequences: list[np.ndarray], spe
             return sum(len(s) for s in sequences)
         return go
 
-    rates = _median_rates({dtype: run(m) for dtype, m in models.items()}, repeats)
+    rates = median_rates({dtype: run(m) for dtype, m in models.items()}, repeats)
     return pd.DataFrame([{"stage": "prefill (features)", "variant": f"batch of {len(sequences)}, {k}", "unit": "tokens/s",
                           "rate": v} for k, v in rates.items()])
 
@@ -110,6 +110,6 @@ def training(model: PreTrainedModel, tokenizer, store: FeatureStore, rows: list[
             return blocks * config.block
         return go
 
-    rates = _median_rates({"float32": run(False), "bfloat16 autocast": run(True)}, repeats)
+    rates = median_rates({"float32": run(False), "bfloat16 autocast": run(True)}, repeats)
     return pd.DataFrame([{"stage": "training (dspark-markov)", "variant": k, "unit": "block tokens/s", "rate": v}
                          for k, v in rates.items()])

@@ -14,6 +14,7 @@ REPS=${REPS:-2}
 STEPS=${STEPS:-40}
 HERE=$(pwd)
 NEW=$(git rev-parse --short HEAD)
+OLD_SHORT=$(git rev-parse --short "$OLD")
 OUT=${OUT_CSV:-data/results/train-speed/runs.csv}
 WORK=$(mktemp -d)
 git worktree add --detach "$WORK/old" "$OLD" >/dev/null
@@ -21,7 +22,7 @@ trap 'git worktree remove --force "$WORK/old"; rm -rf "$WORK"' EXIT
 echo "commit,rep,steps,steps_per_s,command" > "$OUT"
 for rep in $(seq 1 "$REPS"); do
   for side in old new; do
-    if [ "$side" = old ]; then src="$WORK/old"; commit=$(git rev-parse --short "$OLD"); else src="$HERE"; commit=$NEW; fi
+    if [ "$side" = old ]; then src="$WORK/old"; commit=$OLD_SHORT; else src="$HERE"; commit=$NEW; fi
     run="$WORK/run-$side-$rep"
     (cd "$src" && PYTHONPATH="$src" "$HERE/.venv/bin/python" -m dspark_core.cli train "$@" --steps "$STEPS" \
       --save-every "$STEPS" --out "$run" > "$run.log" 2>&1) || { tail -20 "$run.log"; exit 1; }
