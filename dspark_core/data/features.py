@@ -144,12 +144,14 @@ def target_features(model: PreTrainedModel, batch: list[np.ndarray], spec: Featu
     probabilities 0); all positions when None."""
     width = max(len(s) for s in batch)
     ids = torch.zeros(len(batch), width, dtype=torch.long)
-    mask = torch.zeros_like(ids)
     wanted = torch.zeros(len(batch), width, dtype=torch.bool)
-    for row, seq in enumerate(batch):  # right padding: causal attention keeps real positions exact
-        ids[row, : len(seq)], mask[row, : len(seq)] = torch.from_numpy(seq.astype(np.int64)), 1
+    for row, seq in enumerate(batch):
+        ids[row, : len(seq)] = torch.from_numpy(seq.astype(np.int64))
         wanted[row, : len(seq)] = True if needed is None else torch.from_numpy(needed[row])
-    out = model.model(input_ids=ids.to(model.device), attention_mask=mask.to(model.device), output_hidden_states=True)
+    # Right padding and no attention mask: causal attention never lets a real position see the padding to its
+    # right. Without a mask the forward runs causal attention: equal outputs at real positions, 1.36x the tokens/s
+    # on 4 rows of 1,536-2,048 tokens (data/results/prefill/padding_mask.py).
+    out = model.model(input_ids=ids.to(model.device), output_hidden_states=True)
     head = model.get_output_embeddings().weight
     chosen = out.last_hidden_state[wanted.to(model.device)]  # [N, d]: the LM head runs where the top k is kept
     flat_ids = torch.zeros(len(chosen), spec.top_k, dtype=torch.long)
