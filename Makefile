@@ -99,9 +99,10 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # selection checks); each run resumes where it stopped. Last, the 10M-token run: every distilled answer
 # (three times an epoch) and 9M tokens of fixed ShareGPT text, the target and the training in bfloat16
 # (its feature store, 10.4M tokens and 19 GB, took 4 h 21 min on two cores; the 1,000 steps about 80 min),
-# and its control, the same 1,000 steps on the distilled answers alone (store about 35 min); then the same
-# data for one whole epoch (2,083 steps, every token seen once; not run to its end yet: its store must be rebuilt,
-# about 2.6 h at the 1.1k tokens/s a build reached before HEAD_ROWS, about 65 min at the 2.68k a small one reaches now).
+# and its control, the same 1,000 steps on the distilled answers alone (store 25 min and steps 45 min on an
+# AMD EPYC without AMX, 2026-12-06); then the same data for one whole epoch (2,083 steps, every token seen once;
+# not run to its end yet: its store must be rebuilt, about 65 min at the 2.68k tokens/s a small build reached on an
+# Intel Xeon with AMX, about 3.4 h at the 620-850 tokens/s of the AMD machine).
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
 	--autocast float32 --save-every 50 --save-dtype bfloat16
 ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
