@@ -246,7 +246,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     config = TrainConfig(
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
-        ce_label=args.ce_label, init_from_target=args.init_from_target, anchor_feature=args.anchor_feature,
+        position_decay=args.position_decay, ce_label=args.ce_label, init_from_target=args.init_from_target,
+        anchor_feature=args.anchor_feature,
         shift_anchors=args.shift_anchors, distill_repeats=args.distill_repeats,
         epochs=args.epochs, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr, warmup=args.warmup,
         val_fraction=args.val_fraction, seed=args.seed, save_every=args.save_every, lm_width=args.lm_width,
@@ -421,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--loss", choices=list(LOSSES), default=tc.loss,
                      help="dspark (0.1 CE + 0.9 TV + BCE), dspark-kl (ours: dspark's + 1.0 soft CE), ce (DFlash's), "
                           "eagle3 (soft CE, step weights 0.8^k)")
+    trn.add_argument("--position-decay", type=float, default=tc.position_decay,
+                     help="loss position weights exp(-(k-1)/decay); 0: the block size, as the paper writes them "
+                          "(DeepSpec's code: 4 at block 7); not for --loss eagle3 or the draft LM")
     trn.add_argument("--ce-label", choices=list(CE_LABELS), default=tc.ce_label,
                      help="the CE term's label: the text's next token or the target's argmax")
     trn.add_argument("--epochs", type=float, default=tc.epochs, help="passes over the training split")

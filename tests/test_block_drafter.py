@@ -144,6 +144,20 @@ def test_loss_terms_match_hand_computation():
     assert "conf" not in drafter_loss(p_d.log(), None, p_t, outside, labels)
 
 
+def test_position_decay_sets_the_loss_weights():
+    assert position_weights(7).tolist() == pytest.approx([math.exp(-k / 7) for k in range(7)])  # the paper's text
+    assert position_weights(7, decay=4.0).tolist() == pytest.approx([math.exp(-k / 4) for k in range(7)])
+    # g = 2, both positions off by an L1 distance of 0.4: TV = 0.4 + w_2 * 0.4
+    p_t = torch.tensor([[0.5, 0.3, 0.2], [0.2, 0.2, 0.6]])
+    p_d = torch.tensor([[0.7, 0.1, 0.2], [0.4, 0.2, 0.4]])
+    outside, labels = torch.zeros(2), torch.tensor([0, 2])
+    for decay, w2 in ((None, math.exp(-1 / 2)), (0.5, math.exp(-2.0))):
+        terms = drafter_loss(p_d.log(), None, p_t, outside, labels, position_decay=decay)
+        assert float(terms["tv"]) == pytest.approx(0.4 + w2 * 0.4, rel=1e-5)
+    with pytest.raises(ValueError, match="position_decay"):
+        drafter_loss(p_d.log(), None, p_t, outside, labels, "eagle3", position_decay=4.0)
+
+
 def test_cli_generate_with_a_drafter_checkpoint(target, tmp_path, capsys):
     model, tokenizer = target
     drafter_for(model, tokenizer, "dspark-markov").save_pretrained(tmp_path / "dspark")

@@ -135,6 +135,13 @@ def test_distill_repeats_visit_each_distilled_answer_that_many_times_an_epoch(ti
         TrainConfig(distill_repeats=0)
 
 
+@pytest.mark.parametrize("settings", [{"position_decay": -1.0}, {"position_decay": 4.0, "loss": "eagle3"},
+                                      {"position_decay": 4.0, "drafter": "draft-lm"}])
+def test_position_decay_only_where_the_loss_has_exponential_weights(settings):
+    with pytest.raises(ValueError, match="position_decay"):
+        TrainConfig(**settings)
+
+
 def test_a_selection_curve_holds_one_row_per_checkpoint_of_the_latest_run(tmp_path):
     curve = tmp_path / "selection-curve.csv"
     for step in (10, 20, 30):
@@ -197,6 +204,7 @@ def test_other_kinds_and_recipes_train_and_serve(target, tiny, prompts, eos, tmp
     _, store = tiny
     config = TrainConfig(**{**QUICK, "drafter": kind, "head": "markov", "loss": loss, "steps": 4, "save_every": 4,
                             "log_every": 2, "ce_label": "argmax", "init_from_target": kind == "dflash", "bf16": True,
+                            "position_decay": 4.0 if loss == "ce" else 0.0,
                             "save_dtype": "float8" if kind == "dspark" else "bfloat16"})
     trained = train(config, model, tokenizer, store, tmp_path)
     assert trained.config.kind == kind

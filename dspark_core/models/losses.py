@@ -1,5 +1,5 @@
 """Drafter training losses: DSpark's (paper eq. 8-12: 0.1 CE + 0.9 TV + 1.0 BCE-confidence,
-position weights exp(-(k-1)/g)), DFlash's (CE only, same weights) and EAGLE-3's (soft cross-entropy
+position weights exp(-(k-1)/gamma), gamma the block size g unless set), DFlash's (CE only, same weights) and EAGLE-3's (soft cross-entropy
 against the target's distribution, step weights 0.8^(k-1)); ``dspark-kl`` (ours) is DSpark's plus
 EAGLE-3's soft cross-entropy at weight 1 (TV trains the sampled acceptance, the soft labels the
 argmax that greedy acceptance needs). A dspark drafter adds the confidence BCE to every recipe.
@@ -23,10 +23,10 @@ RECIPES = {  # loss name -> (term weights, per-position decay: None for exp(-(k-
 }
 
 
-def position_weights(block_size: int, base: float | None = None) -> torch.Tensor:
-    """w_k = exp(-(k - 1) / g), or base^(k - 1), for k = 1..g."""
+def position_weights(block_size: int, base: float | None = None, decay: float | None = None) -> torch.Tensor:
+    """w_k = exp(-(k - 1) / decay), ``decay`` the block size g when None, or base^(k - 1), for k = 1..g."""
     k = torch.arange(block_size, dtype=torch.float32)
-    return torch.exp(-k / block_size) if base is None else base**k
+    return torch.exp(-k / (decay or block_size)) if base is None else base**k
 
 
 def l1_distance(p_draft: torch.Tensor, p_t_draft: torch.Tensor, p_t_outside: torch.Tensor) -> torch.Tensor:
@@ -47,18 +47,22 @@ def drafter_loss(
     labels: torch.Tensor,
     recipe: str = "dspark",
     block_weights: torch.Tensor | None = None,
+    position_decay: float | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loss terms averaged over blocks, each summed over positions with weights w_k; ``loss`` is the
     recipe's weighted sum (every term is returned, weighted or not, for the loss curve). ``block_weights``
-    [...] weighs the average (0 for a padding block); equal weights when None.
+    [...] weighs the average (0 for a padding block); equal weights when None. ``position_decay`` sets
+    the decay of exp(-(k-1)/decay) (None: the block size g); a recipe with step weights base^(k-1) refuses it.
 
     draft_logits: [..., g, Vd]; confidences: [..., g] or None (no confidence head);
     p_t_draft: [..., g, Vd]; p_t_outside: [..., g]; labels: [..., g] draft-vocab index of the
     target-written next token, Vd when it lies outside the draft vocabulary (no CE term then).
     """
     weights, base = RECIPES[recipe]
+    if base is not None and position_decay is not None:
+        raise ValueError(f"the {recipe} loss weighs step k by {base}^(k-1); it takes no position_decay")
     g, vd = draft_logits.shape[-2], draft_logits.shape[-1]
-    w = position_weights(g, base).to(draft_logits.device)
+    w = position_weights(g, base, position_decay).to(draft_logits.device)
     log_p = F.log_softmax(draft_logits.float(), dim=-1)
     inside = labels < vd
     ce = -(log_p.gather(-1, labels.clamp(max=vd - 1)[..., None]).squeeze(-1) * inside)

@@ -19,6 +19,9 @@ class TrainConfig:
     DSpark's plus 1.0 soft CE against the target's distribution, same weights), ``ce`` (DFlash's: CE,
     + BCE for dspark, same weights) or ``eagle3`` (EAGLE-3's: soft CE against the target's
     distribution, step weights 0.8^(k-1)); the draft LM always uses CE.
+    position_decay: the loss's position weights are exp(-(k-1)/position_decay); 0 takes the block size
+    g, as the paper writes them (DeepSpec's code uses 4 at block 7). Not for ``eagle3`` (0.8^(k-1)) or
+    the draft LM.
     ce_label: the CE term's label, ``text`` (the next token of the training text) or ``argmax`` (the
     target's most likely next token; on fixed text it differs from the text).
     init_from_target: start each draft layer from the target's top layers (the last ``layers``
@@ -44,6 +47,7 @@ class TrainConfig:
     draft_vocab: int = 8192
     rank: int = 256
     loss: str = "dspark"
+    position_decay: float = 0.0
     ce_label: str = "text"
     init_from_target: bool = False
     anchor_feature: bool = False
@@ -77,6 +81,11 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.steps < 0 or self.epochs <= 0:
             raise ValueError(f"epochs must be > 0 and steps >= 0 (0: from epochs), got {self.epochs}, {self.steps}")
+        if self.position_decay < 0:
+            raise ValueError(f"position_decay must be > 0 (or 0: the block size), got {self.position_decay}")
+        if self.position_decay and (self.loss == "eagle3" or self.drafter == "draft-lm"):
+            raise ValueError("position_decay sets the exp(-(k-1)/decay) weights of the dspark, dspark-kl and ce losses; "
+                             "eagle3 weighs steps by 0.8^(k-1) and the draft LM trains every position alike")
         if self.shift_anchors and self.drafter == "draft-lm":
             raise ValueError("shift_anchors applies to eagle, dflash and dspark; the draft LM trains on every position")
         if not 0.0 <= self.val_fraction < 1.0:

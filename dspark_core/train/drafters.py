@@ -152,12 +152,14 @@ def target_probs_on_draft_vocab(drafter: TargetBoundDraftModel, top_ids: torch.T
     return target_probs_on_vocab(drafter.to_draft_ids(top_ids), top_probs, drafter.config.draft_vocab_size)
 
 
-def compute_loss(drafter: TargetBoundDraftModel, model: torch.nn.Module, batch: dict, loss: str) -> dict[str, torch.Tensor]:
-    """Loss terms of one batch; ``model`` is ``drafter`` or its accelerate-wrapped version."""
+def compute_loss(drafter: TargetBoundDraftModel, model: torch.nn.Module, batch: dict, loss: str,
+                 position_decay: float | None = None) -> dict[str, torch.Tensor]:
+    """Loss terms of one batch; ``model`` is ``drafter`` or its accelerate-wrapped version; ``loss`` and
+    ``position_decay`` as in :func:`..models.drafter_loss`."""
     logits, confidences = model(**drafter_inputs(batch))
     p_t, outside = target_probs_on_draft_vocab(drafter, batch["top_ids"], batch["top_probs"])
     return drafter_loss(logits, confidences, p_t, outside, drafter.to_draft_ids(batch["labels"]), loss,
-                        batch["block_weights"])
+                        batch["block_weights"], position_decay)
 
 
 def feature_drafter_blocks(drafter: TargetBoundDraftModel, store: FeatureStore, i: int, anchors: np.ndarray,
@@ -327,8 +329,8 @@ def train(
         return [{**b, "weight": float(b["block_weights"].sum()) / blocks} for b in batches]
 
     desc = f"train {config.drafter}" + (f"-{config.head}" if config.drafter == "dspark" else "")
-    drafter = fit(drafter, lambda m, b: compute_loss(drafter, m, b, config.loss), batches_for, config, out_dir, desc,
-                  on_save)
+    drafter = fit(drafter, lambda m, b: compute_loss(drafter, m, b, config.loss, config.position_decay or None),
+                  batches_for, config, out_dir, desc, on_save)
     save_checkpoint(drafter, out_dir, config.save_dtype)
     if len(val_rows):
         acceptance = held_out_acceptance(drafter, store, val_rows, config.block)
