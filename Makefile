@@ -100,7 +100,9 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # (three times an epoch) and 9M tokens of fixed ShareGPT text, the target and the training in bfloat16
 # (its feature store, 10.4M tokens and 19 GB, took 4 h 21 min on two cores; the 1,000 steps about 80 min),
 # and its control, the same 1,000 steps on the distilled answers alone (store 25 min and steps 45 min on an
-# AMD EPYC without AMX, 2026-12-06); then the same data for one whole epoch (2,083 steps, every token seen once;
+# AMD EPYC without AMX, 2026-12-06), that control with five fused target layers and then also DeepSpec's
+# position decay 4 (store 14 min, 1,000 steps 28 min each on a faster AMD EPYC; the latter ships as
+# dspark-markov); then the same data for one whole epoch (2,083 steps, every token seen once;
 # not run to its end yet: its store must be rebuilt, about 65 min at the 2.68k tokens/s a small build reached on an
 # Intel Xeon with AMX, about 3.4 h at the 620-850 tokens/s of the AMD machine).
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
@@ -111,6 +113,8 @@ STEPS_1200 = --steps 1200 --save-every 120
 # The 10M-token run and its control on the distilled answers alone: the same flags, the target and training in bfloat16.
 BF16_1000 = $(BIN)/dspark train --drafter dspark --head markov --layers 2 --steps 1000 --save-every 100 --anchor-feature \
 	--shift-anchors --ce-label argmax --selection --dtype bfloat16 --autocast bfloat16 --save-dtype float8
+# Five fused target layers as DeepSpec's configs space them (layer ids 1 to L-3, hidden_states id + 1), a superset of the default 2 15 28.
+FEATURES5 = --feature-layers 2 8 15 21 28
 recipe: setup
 	$(SLICE_300K) --sources fixed --epochs 3 --out $(RECIPE)/fixed300k-base
 	$(SLICE_300K) --sources fixed --epochs 3 --layers 2 --out $(RECIPE)/fixed300k-layers2
@@ -143,18 +147,21 @@ recipe: setup
 	$(ON_DISTILLED) --drafter draft-lm --layers 4 --lm-width 192 --steps 240 --out $(RECIPE)/draft-lm-distill1m-240
 	$(BF16_1000) --sources fixed,distill --fixed-tokens 9000000 --distill-repeats 3 --out $(RECIPE)/mix10m-1000-layers2-anchor
 	$(BF16_1000) --sources distill --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16
+	$(BF16_1000) --sources distill $(FEATURES5) --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5
+	$(BF16_1000) --sources distill $(FEATURES5) --position-decay 4 --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4
 	$(BF16_1000) --sources fixed,distill --fixed-tokens 9000000 --distill-repeats 3 --steps 0 --epochs 1 --save-every 200 \
 		--out $(RECIPE)/mix10m-1ep-layers2-anchor
 	$(BIN)/dspark heldout $(RECIPE)/* --dtype float32 --out data/results/recipe/heldout.csv
 
 # The shipped drafters for the default target, block 7, weights in float8, all trained on every self-distilled
-# answer (no fixed text) with the target in float32. dspark-markov: the command that trained the shipped one
-# (two layers, 1,200 steps, the anchor feature: recipe run distill1m-1200-layers2-anchor), then its calibration,
-# greedy and at T=1 (README, "Training drafters"). dflash: DFlash's published cross-entropy, one layer, the same
+# answer (no fixed text); the target in float32 except for dspark-markov. dspark-markov: the command that trained
+# the shipped one (recipe run distill1m-1000-layers2-anchor-bf16-features5-decay4: two layers, 1,000 steps, the
+# anchor feature, shifted tilings, argmax CE labels, five fused layers, position decay 4, target and training in
+# bfloat16), then its calibration, greedy and at T=1 (README, "Training drafters"). dflash: DFlash's published cross-entropy, one layer, the same
 # 1,200 steps (dflash-distill1m-1200-ce). eagle (Eagle3's soft labels with decay, one layer) and dspark-rnn
 # (one layer): 600 steps. The draft LM: 4 layers of width 192, 240 steps (about one epoch; the later --steps
 # wins; 7.8 s a step on two AVX2 cores).
-MARKOV = $(BIN)/dspark train --drafter dspark --head markov --layers 2 $(DISTILLED) $(STEPS_1200) --anchor-feature
+MARKOV = $(BF16_1000) --sources distill $(FEATURES5) --position-decay 4
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
 DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED) $(STEPS_1200)
 train-drafters: setup
