@@ -103,8 +103,8 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # AMD EPYC without AMX, 2026-12-06), that control with five fused target layers and then also DeepSpec's
 # position decay 4 (store 14 min, 1,000 steps 28 min each on a faster AMD EPYC; the latter ships as
 # dspark-markov); then the same data for one whole epoch (2,083 steps, every token seen once;
-# not run to its end yet: its store must be rebuilt, about 65 min at the 2.68k tokens/s a small build reached on an
-# Intel Xeon with AMX, about 3.4 h at the 620-850 tokens/s of the AMD machine).
+# not run to its end yet: on an Intel Xeon with AMX its store took 1 h 26 min and its steps run at about 3.1 s each,
+# about 1 h 50 min for the 2,083; about 3.4 h of store alone at the 620-850 tokens/s of the AMD machine).
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
 	--autocast float32 --save-every 50 --save-dtype bfloat16
 ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
