@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test test-fast lint lab notebooks bench bench-full bench-scheduled data data-build recipe train-drafters train-quick clean-cache soak gpu-results peers
+.PHONY: setup run test test-fast lint lab notebooks bench bench-full bench-scheduled bench-layout data data-build recipe train-drafters train-quick clean-cache soak gpu-results peers
 
 setup: $(STAMP)
 
@@ -33,6 +33,11 @@ bench-full: setup
 
 bench-scheduled: setup
 	$(BIN)/dspark bench --profile scheduled $(FRESH)
+
+# The target's linear weights row-major (as loaded) against input-major (`--linear-layout input-major`),
+# side by side in float32, greedy, on the first 3 records of every evaluation set (about 15 minutes on 2 cores).
+bench-layout: setup
+	$(BIN)/python -m dspark_core.eval.linear_layout --n-prompts 3
 
 # Tests: ruff, then exact algebra, statistics, greedy identity on the default target, CLI, notebooks
 # (papermill, small parameters, into temporary folders). pytest's exit code 5 (no tests ran) fails the run.

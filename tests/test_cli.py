@@ -17,6 +17,18 @@ def test_generate_prints_text_and_round_stats(capsys):
     assert "tau" in out and "acceptance" in out and "conditional acceptance per position" in out
 
 
+def test_generate_and_bench_take_the_input_major_layout(tmp_path, capsys):
+    assert main(["generate", "--prompt", "Name two colours.", "--drafter", "dspark", "--gamma", "7",
+                 "--max-new-tokens", "8", "--linear-layout", "input-major", "--dtype", "float32"]) == 0
+    assert "tau" in capsys.readouterr().out
+    out = tmp_path / "run"
+    assert main(BENCH[:6] + ["ngram:3;dspark-markov:3"] + BENCH[7:] + ["--linear-layout", "input-major", "--out", str(out)]) == 0
+    assert json.loads((out / "settings.json").read_text())["linear_layout"] == "input-major"
+    assert pd.read_csv(out / "rows.csv")["same_as_plain"].all()
+    with pytest.raises(SystemExit):
+        main(["generate", "--prompt", "Hi.", "--linear-layout", "column-major"])
+
+
 def test_generate_oracle(capsys):
     assert main(["generate", "--prompt", "Count from one to five.", "--drafter", "oracle", "--gamma", "4",
                  "--max-new-tokens", "16"]) == 0

