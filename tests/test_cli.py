@@ -23,7 +23,7 @@ def test_generate_and_bench_take_the_input_major_layout(tmp_path, capsys):
     assert "tau" in capsys.readouterr().out
     out = tmp_path / "run"
     assert main(BENCH[:6] + ["ngram:3;dspark-markov:3"] + BENCH[7:] + ["--linear-layout", "input-major", "--out", str(out)]) == 0
-    assert json.loads((out / "settings.json").read_text())["linear_layout"] == "input-major"
+    assert json.loads((out / "settings.json").read_text())["settings"]["linear_layout"] == "input-major"
     assert pd.read_csv(out / "rows.csv")["same_as_plain"].all()
     with pytest.raises(SystemExit):
         main(["generate", "--prompt", "Hi.", "--linear-layout", "column-major"])

@@ -377,8 +377,8 @@ def _prepare_out_dir(out_dir: Path, settings: BenchSettings, per_turn: int) -> s
     settings_file, rows_file = out_dir / "settings.json", out_dir / "rows.csv"
     wanted = asdict(settings)
     if settings_file.is_file():
-        stored = json.loads(settings_file.read_text())
-        if stored["settings"] != json.loads(json.dumps(wanted)):
+        stored = {"linear_layout": "torch", **json.loads(settings_file.read_text())["settings"]}  # older runs: as loaded
+        if stored != json.loads(json.dumps(wanted)):
             raise ValueError(f"{out_dir} holds a run with other settings ({settings_file}); pass another output "
                              "folder, or --fresh to discard it.")
     else:
