@@ -252,3 +252,24 @@ def test_a_forward_in_chunks_of_blocks_equals_one_pass(monkeypatch, name):
         assert [end for _, end in parallel.block_chunks(inputs["ctx_visible"], 3)] == [16, 24, 32, 40]
         chunked, _ = drafter(**inputs)
     assert torch.allclose(whole, chunked, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_markov_bias_rows_kept_per_token_leave_every_draft_unchanged(temperature):
+    """The served dspark-markov keeps B(x) = W2 W1[x] per previous token: its drafts (tokens, q rows,
+    confidences) equal those of a drafter that recomputes every row, and it keeps at most markov_rows."""
+    model, tokenizer = tiny_target(vocab=64, window=256)
+    drafter = drafter_for(model, tokenizer, "dspark-markov", draft_vocab_size=48, tokenizer_fingerprint="",
+                          target_fingerprint="")
+    kept, fresh = (BlockDrafter(drafter, model, tokenizer, markov_rows=rows) for rows in (3, 0))
+    drafts = {id(kept): [], id(fresh): []}
+    for served in (kept, fresh):
+        propose = served.propose
+        served.propose = lambda *a, _p=propose, _s=served, **k: drafts[id(_s)].append(_p(*a, **k)) or drafts[id(_s)][-1]
+        speculative_generate(model, [1, 5, 9, 2], served, FixedLength(5), sampling=SamplingConfig(temperature),
+                             max_new_tokens=120, seed=3)
+    assert len(drafts[id(kept)]) == len(drafts[id(fresh)]) > 10
+    for a, b in zip(drafts[id(kept)], drafts[id(fresh)]):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.probs, b.probs)
+        assert (a.confidences is None and b.confidences is None) or torch.equal(a.confidences, b.confidences)
+    assert len(kept.bias_rows) == 3 and not fresh.bias_rows

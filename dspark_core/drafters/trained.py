@@ -7,6 +7,7 @@ rolling back: each round appends the newly committed tokens and drafts after the
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
@@ -129,16 +130,22 @@ class _ServedDrafter:
         return self._draft(gamma, sampling, generator, context)
 
 
+MARKOV_ROWS = 1024  # previous tokens whose Markov bias rows a served dspark-markov keeps (Vd numbers each)
+
+
 class BlockDrafter(_ServedDrafter):
     """Drafts one block per round with a :class:`ParallelDraftModel` (dflash / dspark).
 
     ``calibration`` maps a sampling key (see :func:`sampling_key`) to a :class:`Scaling` (STS); the
-    dspark confidences are rescaled with it when serving at that sampling temperature."""
+    dspark confidences are rescaled with it when serving at that sampling temperature. ``markov_rows``:
+    how many previous tokens' Markov bias rows to keep (see :meth:`_head_step`; 0 keeps none)."""
 
     def __init__(self, drafter: ParallelDraftModel, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 calibration: dict[str, Scaling] | None = None):
+                 calibration: dict[str, Scaling] | None = None, markov_rows: int = MARKOV_ROWS):
         super().__init__(drafter, model, tokenizer)
         self.calibration = calibration or {}
+        self.markov_rows = markov_rows if drafter.config.kind == "dspark" and drafter.config.head == "markov" else 0
+        self.bias_rows: OrderedDict[int, torch.Tensor] = OrderedDict()  # draft id of x_{k-1} -> B_k [Vd], oldest first
 
     def reset(self) -> None:
         super().reset()
@@ -160,6 +167,20 @@ class BlockDrafter(_ServedDrafter):
             value = scaling(value, k)
         return float(np.float32(value[0]))
 
+    def _head_step(self, hidden: torch.Tensor, prev: torch.Tensor, state: torch.Tensor | None):
+        """The sequential head's step, as :meth:`ParallelDraftModel.head_step`. A Markov head's bias row
+        ``B_k = W2 W1[x_{k-1}]`` depends on the previous token alone, so the rows of the ``markov_rows`` most
+        recent previous tokens are kept: a hit reads Vd numbers instead of all of W2 [Vd, r], and it is the row
+        the head computed for that token, so the draft is unchanged."""
+        if not self.markov_rows:
+            return self.drafter.head_step(hidden, prev, state)
+        e = self.drafter.w1(prev)
+        row = self.bias_rows.pop(int(prev), None)
+        self.bias_rows[int(prev)] = row = self.drafter.w2(e) if row is None else row
+        if len(self.bias_rows) > self.markov_rows:
+            self.bias_rows.popitem(last=False)
+        return row, self.drafter.head_confidence(hidden, e), None
+
     def _draft(self, gamma: int, sampling: SamplingConfig, generator, context: DraftContext) -> Draft:
         device = self.kv[0][0].device
         anchor_id = torch.tensor([[context.tokens[-1]]], device=device)
@@ -168,23 +189,22 @@ class BlockDrafter(_ServedDrafter):
                                            self.last_ctx)[0, 0]
         dspark = self.drafter.config.kind == "dspark"
         tokens, rows, confidences = [], [], []
-        prev, state, rest = anchor_id[0, 0], None, None
+        prev, state, base = anchor_id[0, 0], None, None  # base: [n, Vd] base logits of the block's first n positions
         for k in range(gamma):
             bias = 0.0
             if dspark:  # c_k comes before token k: a stop rule can end the block without drafting it
-                bias, conf, state = self.drafter.head_step(hidden[k], self.drafter.to_draft_ids(prev), state)
+                bias, conf, state = self._head_step(hidden[k], self.drafter.to_draft_ids(prev), state)
                 confidences.append(self._calibrated(conf, k, sampling))
                 if context.admit is not None and not context.admit(confidences):
                     confidences.pop()
                     break
-            # Base logits: position 1 alone (a stop rule often ends the block there), then the rest of
-            # the block in one matmul, which reads the LM head once instead of once per row.
-            if k == 0:
-                row = self.drafter.base_logits(hidden[0])
-            else:
-                rest = self.drafter.base_logits(hidden[1:gamma]) if rest is None else rest  # [gamma - 1, Vd]
-                row = rest[k - 1]
-            row = row + bias
+            # Base logits in one matmul for the whole block (it reads the LM head once); under a stop rule
+            # position 1 alone first (the rule often ends the block there), then the rest.
+            if base is None:
+                base = self.drafter.base_logits(hidden[: 1 if context.admit is not None else gamma])
+            elif k == base.shape[0]:
+                base = torch.cat([base, self.drafter.base_logits(hidden[k:gamma])])
+            row = base[k] + bias
             prev, q = _draft_from_logits(self.drafter, row, sampling, generator, context.vocab_size)
             tokens.append(prev)
             rows.append(q)

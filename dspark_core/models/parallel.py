@@ -313,7 +313,7 @@ class ParallelDraftModel(TargetBoundDraftModel):
         Returns the transition bias B_k [..., Vd], the confidence c_k [...] and the new state.
         """
         e = self.w1(prev)
-        confidence = torch.sigmoid(self.confidence(torch.cat([hidden, e], dim=-1))).squeeze(-1)
+        confidence = self.head_confidence(hidden, e)
         if self.config.head == "markov":
             return self.w2(e), confidence, None
         if state is None:
@@ -322,6 +322,10 @@ class ParallelDraftModel(TargetBoundDraftModel):
         gate = torch.sigmoid(gate)
         state = gate * state + (1 - gate) * torch.tanh(cand)
         return self.w2(torch.tanh(out)), confidence, state
+
+    def head_confidence(self, hidden: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+        """c_k [...] from h_k [..., d] and the previous token's W1 row e [..., r]."""
+        return torch.sigmoid(self.confidence(torch.cat([hidden, e], dim=-1))).squeeze(-1)
 
     def teacher_forced(
         self, hidden: torch.Tensor, prev_tokens: torch.Tensor
