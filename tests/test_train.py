@@ -294,3 +294,17 @@ def test_float8_checkpoints_are_half_the_size_and_within_two_percent(target, tmp
         assert error < 0.03, (name, float(error))
     with pytest.raises(ValueError, match="does not fit"):
         load_weights(type(drafter)(drafter.config.__class__(**{**drafter.config.to_dict(), "rank": 8})), tmp_path / "fp8")
+
+
+def test_step_length_times_a_synthetic_micro_batch_per_sequence_length():
+    from dspark_core.eval.step_length import measure_step_lengths, synthetic_batch, synthetic_drafter
+
+    shape = dict(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=64, vocab=300)
+    drafter = synthetic_drafter(layers=1, draft_vocab=64, shape=shape)
+    batch, blocks = synthetic_batch(drafter, 64)
+    assert batch["anchor_pos"].shape[1] % 16 == 0 and batch["features"].shape[1] % 128 == 0  # padded as training pads
+    assert int(batch["block_weights"].sum()) == blocks > 0
+    rows = measure_step_lengths((32, 64), ("float32",), repeats=1, drafter=drafter)
+    assert list(rows.length) == [32, 64] and (rows.step_s > 0).all()
+    assert rows.attention_share.between(0, 1, inclusive="neither").all()
+    assert drafter.fuse.weight.grad is not None  # the step ran backward
