@@ -9,11 +9,13 @@ from dspark_core.core.linear_layout import (
     apply_linear_layout,
     input_major,
     is_input_major,
+    layout_of,
     use_input_major_linears,
 )
 from dspark_core.core.session import CausalLMSession
 from dspark_core.drafters.registry import build_drafter
 from dspark_core.drafters.trained import BlockDrafter
+from dspark_core.eval.bench import BenchSettings, run_bench
 from dspark_core.eval.linear_layout import LayoutSettings, measure_layouts, summarize_layouts
 
 from .tiny import drafter_for, tiny_target
@@ -97,3 +99,11 @@ def test_layout_comparison_writes_resumable_rows(target, tmp_path):
 def test_layout_settings_refuse_peers():
     with pytest.raises(ValueError, match="methods must be ours"):
         LayoutSettings(methods="hf-prompt-lookup:10")
+
+
+def test_bench_refuses_a_target_in_another_layout_than_its_settings(target, tmp_path):
+    model, tokenizer = target
+    assert layout_of(model) == "torch"
+    with pytest.raises(ValueError, match="linear_layout='input-major'"):
+        run_bench(BenchSettings(linear_layout="input-major"), tmp_path, model, tokenizer)
+    assert not any(tmp_path.iterdir())  # refused before anything was written

@@ -46,8 +46,13 @@ def apply_linear_layout(model: nn.Module, layout: str) -> nn.Module:
     return model
 
 
+def layout_of(model: nn.Module) -> str:
+    """The layout of a model's linears, read from its LM head: ``"input-major"`` or ``"torch"``."""
+    head = model.get_output_embeddings()
+    return "input-major" if head is not None and is_input_major(head.weight) else "torch"
+
+
 def follows_input_major(target: nn.Module, drafter: nn.Module) -> None:
     """Give ``drafter`` the target's layout: input-major linears when the target's LM head is input-major."""
-    head = target.get_output_embeddings()
-    if head is not None and is_input_major(head.weight):
+    if layout_of(target) == "input-major":
         use_input_major_linears(drafter)

@@ -53,7 +53,7 @@ from ..core.jsonl import (
     read_jsonl,
 )
 from ..core.limits import check_block, context_overflow
-from ..core.linear_layout import LINEAR_LAYOUTS
+from ..core.linear_layout import LINEAR_LAYOUTS, layout_of
 from ..core.paths import PROMPT_DIR
 from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
@@ -411,6 +411,9 @@ def _targets(settings: BenchSettings, model: PreTrainedModel | None,
         loaded = {name: load_target(settings.model, dtype=DTYPES[name], linear_layout=settings.linear_layout)
                   for name in settings.dtypes}
         return {name: pair[0] for name, pair in loaded.items()}, next(iter(loaded.values()))[1]
+    if layout_of(model) != settings.linear_layout:
+        raise ValueError(f"The target passed has {layout_of(model)} linears and the settings ask for "
+                         f"{settings.linear_layout}: load it with load_target(..., linear_layout={settings.linear_layout!r}).")
     given = dtype_name(model.dtype)
     if given != "float32" and set(settings.dtypes) != {given}:
         raise ValueError(f"Pass the target in float32 to run it in {settings.dtypes}: the other dtypes are cast "
