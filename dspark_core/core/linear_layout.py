@@ -3,8 +3,9 @@
 ``nn.Linear`` keeps its weight ``W`` [out, in] row-major and computes ``x @ W.T``. For a few rows (2 to 16:
 the tokens of a verification forward) MKL's float32 GEMM in that layout takes a kernel that is slow for so
 few rows, while the same product with ``W.T`` contiguous (``W`` stored input-major, strides (1, out)) takes a
-faster one; one row costs about the same either way (on the Intel Xeon measured, an 8-row product through the
-default target's linears took about half the time input-major). ``F.linear`` picks the kernel by itself once the
+faster one; one row costs about the same either way. On a 2-core Intel Xeon without AMX, 8 rows through one
+of the default target's MLP linears took half the time input-major, and through all its layers' linears in
+turn, the weights cold, 0.63 of the time on 2 threads and 0.76 on 1 (microbenchmarks, not committed). ``F.linear`` picks the kernel by itself once the
 weight's memory is input-major, so the layout is only a re-striding of the parameters: the model computes
 the same function (only the kernel's rounding may differ) and plain and speculative decoding both run
 through it. ``python -m dspark_core.eval.linear_layout`` measures both layouts side by side.
