@@ -5,8 +5,9 @@ the tokens of a verification forward) MKL's float32 GEMM in that layout takes a 
 few rows, while the same product with ``W.T`` contiguous (``W`` stored input-major, strides (1, out)) takes a
 faster one; one row costs about the same either way. On a 2-core Intel Xeon without AMX, 8 rows through one
 of the default target's MLP linears took half the time input-major, and through all its layers' linears in
-turn, the weights cold, 0.63 of the time on 2 threads and 0.76 on 1 (microbenchmarks, not committed). ``F.linear`` picks the kernel by itself once the
-weight's memory is input-major, so the layout is only a re-striding of the parameters: the model computes
+turn, the weights cold, 0.63 of the time on 2 threads and 0.76 on 1 (microbenchmarks, not committed).
+``F.linear`` picks the kernel by itself once the weight's memory is input-major, so the layout is only a
+re-striding of the parameters: the model computes
 the same function (only the kernel's rounding may differ) and plain and speculative decoding both run
 through it. ``python -m dspark_core.eval.linear_layout`` measures both layouts side by side.
 """
@@ -39,10 +40,15 @@ def use_input_major_linears(model: nn.Module) -> int:
     return len(linears)
 
 
-def apply_linear_layout(model: nn.Module, layout: str) -> nn.Module:
-    """``model`` with its linears in ``layout`` (one of :data:`LINEAR_LAYOUTS`); a clear error otherwise."""
+def check_linear_layout(layout: str) -> None:
+    """A clear error unless ``layout`` is one of :data:`LINEAR_LAYOUTS`."""
     if layout not in LINEAR_LAYOUTS:
         raise ValueError(f"Unknown linear layout {layout!r}; choose one of {', '.join(LINEAR_LAYOUTS)}.")
+
+
+def apply_linear_layout(model: nn.Module, layout: str) -> nn.Module:
+    """``model`` with its linears in ``layout`` (one of :data:`LINEAR_LAYOUTS`); a clear error otherwise."""
+    check_linear_layout(layout)
     if layout == "input-major":
         use_input_major_linears(model)
     return model
@@ -56,5 +62,4 @@ def layout_of(model: nn.Module) -> str:
 
 def follows_input_major(target: nn.Module, drafter: nn.Module) -> None:
     """Give ``drafter`` the target's layout: input-major linears when the target's LM head is input-major."""
-    if layout_of(target) == "input-major":
-        use_input_major_linears(drafter)
+    apply_linear_layout(drafter, layout_of(target))

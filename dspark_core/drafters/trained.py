@@ -174,9 +174,9 @@ class BlockDrafter(_ServedDrafter):
         the head computed for that token, so the draft is unchanged."""
         if not self.markov_rows:
             return self.drafter.head_step(hidden, prev, state)
-        e = self.drafter.w1(prev)
-        row = self.bias_rows.pop(int(prev), None)
-        self.bias_rows[int(prev)] = row = self.drafter.w2(e) if row is None else row
+        e, key = self.drafter.w1(prev), int(prev)
+        row = self.bias_rows.pop(key, None)
+        self.bias_rows[key] = row = self.drafter.w2(e) if row is None else row
         if len(self.bias_rows) > self.markov_rows:
             self.bias_rows.popitem(last=False)
         return row, self.drafter.head_confidence(hidden, e), None

@@ -53,7 +53,7 @@ from ..core.jsonl import (
     read_jsonl,
 )
 from ..core.limits import check_block, context_overflow
-from ..core.linear_layout import LINEAR_LAYOUTS, follows_input_major, layout_of
+from ..core.linear_layout import check_linear_layout, follows_input_major, layout_of
 from ..core.paths import PROMPT_DIR
 from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
@@ -159,8 +159,7 @@ class BenchSettings:
     def __post_init__(self) -> None:
         self.benchmarks, self.temperatures = tuple(self.benchmarks), tuple(float(t) for t in self.temperatures)
         self.dtypes = tuple(self.dtypes)
-        if self.linear_layout not in LINEAR_LAYOUTS:
-            raise ValueError(f"linear_layout must be one of {', '.join(LINEAR_LAYOUTS)}, got {self.linear_layout!r}.")
+        check_linear_layout(self.linear_layout)
         if not self.benchmarks or not self.temperatures:
             raise ValueError("Pass at least one benchmark and one temperature.")
         unknown = [d for d in self.dtypes if d not in DTYPES]
@@ -413,8 +412,8 @@ def _targets(settings: BenchSettings, model: PreTrainedModel | None,
         loaded = {name: load_target(settings.model, dtype=DTYPES[name], linear_layout=settings.linear_layout)
                   for name in settings.dtypes}
         return {name: pair[0] for name, pair in loaded.items()}, next(iter(loaded.values()))[1]
-    if layout_of(model) != settings.linear_layout:
-        raise ValueError(f"The target passed has {layout_of(model)} linears and the settings ask for "
+    if (layout := layout_of(model)) != settings.linear_layout:
+        raise ValueError(f"The target passed has {layout} linears and the settings ask for "
                          f"{settings.linear_layout}: load it with load_target(..., linear_layout={settings.linear_layout!r}).")
     given = dtype_name(model.dtype)
     if given != "float32" and set(settings.dtypes) != {given}:

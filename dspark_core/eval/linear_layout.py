@@ -70,23 +70,25 @@ def measure_layouts(settings: LayoutSettings, out_dir: Path) -> pd.DataFrame:
     rows_file = out_dir / "rows.csv"
     done = set(pd.read_csv(rows_file).prompt_id) if rows_file.is_file() else set()
     (out_dir / "settings.json").write_text(json.dumps({**asdict(settings), "machine": machine_info()}, indent=1))
-    models = {layout: load_target(None, DTYPES[settings.dtype], linear_layout=layout)[0] for layout in LINEAR_LAYOUTS}
-    tokenizer = load_target(None, DTYPES[settings.dtype])[1]
+    loaded = {layout: load_target(None, DTYPES[settings.dtype], linear_layout=layout) for layout in LINEAR_LAYOUTS}
+    models, tokenizer = {layout: pair[0] for layout, pair in loaded.items()}, loaded["torch"][1]
     eos = eos_token_ids(models["torch"], tokenizer)
     methods = parse_methods(settings.methods)
     drafters = {(layout, m): build_drafter(m.drafter, model, tokenizer, draft_model=m.checkpoint)
                 for layout, model in models.items() for m in methods}
     records = [(name, r) for name in settings.benchmarks for r in load_prompt_set(benchmark_path(name))[: settings.n_prompts]]
     warm = encode_prompt(tokenizer, "Write two sentences about the sea.")
-    for (layout, method), drafter in drafters.items():  # untimed: warms every code path
-        speculative_generate(models[layout], warm, None, None, max_new_tokens=8, eos_token_ids=eos)
+    for model in models.values():  # untimed: warms every code path
+        speculative_generate(model, warm, None, None, max_new_tokens=8, eos_token_ids=eos)
+    for (layout, method), drafter in drafters.items():
         speculative_generate(models[layout], warm, drafter, FixedLength(method.gamma), max_new_tokens=8, eos_token_ids=eos)
     for index, (name, record) in enumerate(tqdm(records, desc="layouts", unit="turn")):
         if record["id"] in done:
             continue
         prompt = encode_prompt(tokenizer, record["turns"][0])
         key = {"benchmark": name, "domain": record["domain"], "prompt_id": record["id"]}
-        order = list(LINEAR_LAYOUTS)[index % 2 :] + list(LINEAR_LAYOUTS)[: index % 2]
+        shift = index % len(LINEAR_LAYOUTS)
+        order = LINEAR_LAYOUTS[shift:] + LINEAR_LAYOUTS[:shift]
         runs: dict = {}
         for layout in order:
             runs[layout, PLAIN] = speculative_generate(models[layout], prompt, None, None,
