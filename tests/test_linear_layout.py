@@ -1,4 +1,4 @@
-"""Input-major linear weights: the same function, drafters follow the target, greedy identity holds."""
+"""Input-major and oneDNN-packed linear weights: the same function, drafters follow the target, greedy identity holds."""
 
 import pandas as pd
 import pytest
@@ -6,11 +6,13 @@ import torch
 
 from dspark_core import FixedLength, autoregressive_generate, load_target, speculative_generate
 from dspark_core.core.linear_layout import (
+    PackedLinear,
     apply_linear_layout,
     input_major,
     is_input_major,
     layout_of,
     use_input_major_linears,
+    use_packed_linears,
 )
 from dspark_core.core.session import CausalLMSession
 from dspark_core.drafters.registry import build_drafter
@@ -43,10 +45,42 @@ def test_tiny_target_computes_the_same_logits_and_keeps_its_embedding():
     torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)
 
 
+def test_packed_linears_compute_the_same_logits_over_the_same_parameters():
+    model, _ = tiny_target(vocab=16)
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as SmolLM2's head is
+    ids = torch.randint(0, 16, (1, 12))
+    before, keys = model(input_ids=ids).logits, set(model.state_dict())
+    with torch.inference_mode():
+        assert use_packed_linears(model) == 2 * 7 + 1 and use_packed_linears(model) == 0  # packed once
+        assert layout_of(model) == "onednn-packed" and set(model.state_dict()) == keys
+        assert model.lm_head.weight is model.model.embed_tokens.weight  # the parameters are shared, not copied
+        torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)
+        reference, _ = tiny_target(vocab=16)
+        reference.load_state_dict(model.state_dict())
+        model.to(torch.bfloat16)  # casting re-packs the weights in the new dtype
+        torch.testing.assert_close(model(input_ids=ids).logits, reference.to(torch.bfloat16)(input_ids=ids).logits)
+
+
+def test_a_packed_linear_refuses_to_run_where_gradients_are_wanted():
+    linear = PackedLinear(torch.nn.Linear(4, 3))
+    with pytest.raises(RuntimeError, match="inference"):
+        linear(torch.randn(2, 4))
+    with torch.no_grad():
+        torch.testing.assert_close(linear(torch.randn(2, 4)).shape, torch.Size([2, 3]))
+
+
 def test_an_unknown_layout_is_a_clear_error():
     model, _ = tiny_target()
     with pytest.raises(ValueError, match="input-major"):
         apply_linear_layout(model, "column-major")
+
+
+def test_a_trained_drafter_follows_a_packed_target():
+    model, tokenizer = tiny_target(vocab=1100)
+    apply_linear_layout(model, "onednn-packed")
+    drafter = BlockDrafter(drafter_for(model, tokenizer, "dspark-markov"), model, tokenizer)
+    linears = [m for m in drafter.drafter.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(isinstance(m, PackedLinear) for m in linears)
 
 
 def test_a_trained_drafter_follows_the_targets_layout():
@@ -74,11 +108,12 @@ def test_verify_forward_agrees_with_one_token_forwards_in_both_layouts(target, p
         torch.testing.assert_close(block, single, rtol=0, atol=1e-3)
 
 
-def test_greedy_speculative_equals_plain_with_input_major_linears(target, prompts, eos):
+@pytest.mark.parametrize("layout", ["input-major", "onednn-packed"])
+def test_greedy_speculative_equals_plain_in_each_layout(target, prompts, eos, layout):
     _, tokenizer = target
-    model = apply_linear_layout(load_target()[0], "input-major")
+    model = apply_linear_layout(load_target()[0], layout)
     drafter = build_drafter("dspark", model, tokenizer)
-    assert is_input_major(drafter.drafter.target_part("head"))
+    assert layout_of(model) == layout and is_input_major(drafter.drafter.target_part("head")) == (layout == "input-major")
     for prompt in prompts[:3]:
         plain = autoregressive_generate(model, prompt, max_new_tokens=48, eos_token_ids=eos).tokens
         result = speculative_generate(model, prompt, drafter, FixedLength(7), max_new_tokens=48, eos_token_ids=eos)
@@ -96,9 +131,17 @@ def test_layout_comparison_writes_resumable_rows(target, tmp_path):
     assert len(summary) == 4 and (summary.verify_steps > 0).all()
 
 
-def test_layout_settings_refuse_peers():
+def test_layout_settings_refuse_peers_and_runs_without_the_row_major_reference(target, tmp_path):
     with pytest.raises(ValueError, match="methods must be ours"):
         LayoutSettings(methods="hf-prompt-lookup:10")
+    with pytest.raises(ValueError, match="include 'torch'"):
+        LayoutSettings(layouts=("input-major", "onednn-packed"))
+    with pytest.raises(ValueError, match="column-major"):
+        LayoutSettings(layouts=("torch", "column-major"))
+    measure_layouts(LayoutSettings(benchmarks=("math",), methods="ngram:3", n_prompts=1, max_new_tokens=2), tmp_path)
+    with pytest.raises(ValueError, match="other settings"):  # resuming with other layouts would mix two runs
+        measure_layouts(LayoutSettings(benchmarks=("math",), methods="ngram:3", n_prompts=1, max_new_tokens=2,
+                                       layouts=("torch", "onednn-packed")), tmp_path)
 
 
 def test_bench_refuses_a_target_in_another_layout_than_its_settings(target, tmp_path):

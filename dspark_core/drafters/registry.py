@@ -7,7 +7,7 @@ from pathlib import Path
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from ..core.linear_layout import follows_input_major
+from ..core.linear_layout import follow_target_layout
 from ..core.paths import REPO_ROOT
 from ..core.rounds import Drafter
 from ..core.target import DEFAULT_TARGET
@@ -60,6 +60,6 @@ def build_drafter(
             return drafter
         model, tokenizer = load_draft_lm(draft_model, target_tokenizer, device=str(target_model.device),
                                          dtype=target_model.dtype)
-        follows_input_major(target_model, model)
+        follow_target_layout(target_model, model)
         return DraftLMDrafter(model, tokenizer, target_tokenizer)
     raise ValueError(f"Unknown drafter {name!r}; choose one of {', '.join(DRAFTER_NAMES)}.")

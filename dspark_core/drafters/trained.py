@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..core.checksums import verify_checksums
 from ..core.fp8 import load_weights
-from ..core.linear_layout import follows_input_major
+from ..core.linear_layout import follow_target_layout
 from ..core.rounds import Draft, DraftContext
 from ..core.sampling import SamplingConfig, probs_from_logits, sample
 from ..core.target import target_fingerprint, tokenizer_fingerprint
@@ -69,7 +69,7 @@ def load_trained_drafter(
 
 def _bind(drafter: TargetBoundDraftModel, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> TargetBoundDraftModel:
     check_drafter_target(drafter, model, tokenizer)
-    follows_input_major(model, drafter)
+    follow_target_layout(model, drafter)
     drafter.attach_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
     return drafter.eval()
 

@@ -53,7 +53,7 @@ from ..core.jsonl import (
     read_jsonl,
 )
 from ..core.limits import check_block, context_overflow
-from ..core.linear_layout import check_linear_layout, follows_input_major, layout_of
+from ..core.linear_layout import check_linear_layout, follow_target_layout, layout_of
 from ..core.paths import PROMPT_DIR
 from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
@@ -256,7 +256,7 @@ class _Runner:
                 assistant = (load_draft_lm(method.checkpoint, self.tokenizer, str(self.model.device), self.model.dtype)[0]
                              if method.name == "hf-assisted" else None)
                 if assistant is not None:
-                    follows_input_major(self.model, assistant)  # in the target's layout, as our draft LM
+                    follow_target_layout(self.model, assistant)  # in the target's layout, as our draft LM
                 peer = self.built[method] = _Peer(method, assistant)
             return peer.generate(self.model, prompt, kwargs["sampling"], kwargs["max_new_tokens"], kwargs["seed"],
                                  kwargs["eos_token_ids"])

@@ -1,5 +1,5 @@
-"""Both linear layouts side by side: the target (and its drafters) with row-major linear weights, as
-loaded ("torch"), and input-major ones (:mod:`..core.linear_layout`), on the evaluation sets, greedy.
+"""Linear layouts side by side: the target (and its drafters) with row-major linear weights, as loaded
+("torch"), and in the other layouts of :mod:`..core.linear_layout`, on the evaluation sets, greedy, in one dtype.
 
 Every turn runs plain decoding and every method in each layout, the layouts' order alternating from
 turn to turn. Each row carries the round's parts (per round: the target's forward, the drafting), its
@@ -8,6 +8,7 @@ plain decoding's in its own layout and in the row-major one. Rows are appended t
 interrupted run resumes where it stopped.
 
     python -m dspark_core.eval.linear_layout --out data/results/linear-layout/<stamp>   (make bench-layout)
+    python -m dspark_core.eval.linear_layout --dtype bfloat16 --layouts torch,onednn-packed
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from ..core.jsonl import append_csv
-from ..core.linear_layout import LINEAR_LAYOUTS
+from ..core.linear_layout import check_linear_layout
 from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
 from ..core.target import DTYPES, encode_prompt, eos_token_ids, load_target
@@ -34,16 +35,22 @@ from .bench import BENCHMARKS, PLAIN, Method, benchmark_path, parse_methods
 
 @dataclass
 class LayoutSettings:
-    """One run: the first ``n_prompts`` records of each benchmark, their first turn, greedy."""
+    """One run: the first ``n_prompts`` records of each benchmark, their first turn, greedy, in ``layouts``
+    (``"torch"`` among them: every row is compared with its plain decoding)."""
 
     benchmarks: tuple[str, ...] = BENCHMARKS
     methods: str = "ngram:7;eagle:7;dflash:7;dspark-markov:7"
     n_prompts: int = 2
     max_new_tokens: int = 64
     dtype: str = "float32"
+    layouts: tuple[str, ...] = ("torch", "input-major")
 
     def __post_init__(self) -> None:
-        self.benchmarks = tuple(self.benchmarks)
+        self.benchmarks, self.layouts = tuple(self.benchmarks), tuple(self.layouts)
+        for layout in self.layouts:
+            check_linear_layout(layout)
+        if "torch" not in self.layouts or len(set(self.layouts)) != len(self.layouts):
+            raise ValueError(f"layouts must be distinct and include 'torch', got {self.layouts!r}.")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
         if self.n_prompts < 1 or self.max_new_tokens < 1:
@@ -68,9 +75,15 @@ def measure_layouts(settings: LayoutSettings, out_dir: Path) -> pd.DataFrame:
     """Run (or resume) the comparison into ``out_dir`` (rows.csv, settings.json); returns every row."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rows_file = out_dir / "rows.csv"
+    settings_file, wanted = out_dir / "settings.json", json.loads(json.dumps(asdict(settings)))
+    if rows_file.is_file() and settings_file.is_file():
+        stored = {"layouts": ["torch", "input-major"], **json.loads(settings_file.read_text())}  # older runs: both
+        stored.pop("machine")
+        if stored != wanted:
+            raise ValueError(f"{out_dir} holds a run with other settings ({stored}); pass another --out to run {wanted}.")
     done = set(pd.read_csv(rows_file).prompt_id) if rows_file.is_file() else set()
-    (out_dir / "settings.json").write_text(json.dumps({**asdict(settings), "machine": machine_info()}, indent=1))
-    loaded = {layout: load_target(None, DTYPES[settings.dtype], linear_layout=layout) for layout in LINEAR_LAYOUTS}
+    settings_file.write_text(json.dumps({**wanted, "machine": machine_info()}, indent=1))
+    loaded = {layout: load_target(None, DTYPES[settings.dtype], linear_layout=layout) for layout in settings.layouts}
     models, tokenizer = {layout: pair[0] for layout, pair in loaded.items()}, loaded["torch"][1]
     eos = eos_token_ids(models["torch"], tokenizer)
     methods = parse_methods(settings.methods)
@@ -87,8 +100,8 @@ def measure_layouts(settings: LayoutSettings, out_dir: Path) -> pd.DataFrame:
             continue
         prompt = encode_prompt(tokenizer, record["turns"][0])
         key = {"benchmark": name, "domain": record["domain"], "prompt_id": record["id"]}
-        shift = index % len(LINEAR_LAYOUTS)
-        order = LINEAR_LAYOUTS[shift:] + LINEAR_LAYOUTS[:shift]
+        shift = index % len(settings.layouts)
+        order = settings.layouts[shift:] + settings.layouts[:shift]
         runs: dict = {}
         for layout in order:
             runs[layout, PLAIN] = speculative_generate(models[layout], prompt, None, None,
@@ -97,7 +110,7 @@ def measure_layouts(settings: LayoutSettings, out_dir: Path) -> pd.DataFrame:
                 runs[layout, method] = speculative_generate(models[layout], prompt, drafters[layout, method],
                                                             FixedLength(method.gamma), max_new_tokens=settings.max_new_tokens,
                                                             eos_token_ids=eos)
-        fastest = min(runs[layout, PLAIN].total_time / max(1, len(runs[layout, PLAIN].tokens)) for layout in LINEAR_LAYOUTS)
+        fastest = min(runs[layout, PLAIN].total_time / max(1, len(runs[layout, PLAIN].tokens)) for layout in settings.layouts)
         rows = [_row(key, layout, method, result, runs[layout, PLAIN], runs["torch", PLAIN])
                 for (layout, method), result in runs.items()]
         append_csv(rows_file, [{**row, "speedup_vs_fastest_plain": 1000 * fastest / row["ms_per_token"]} for row in rows])
@@ -125,9 +138,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=LayoutSettings.max_new_tokens)
     parser.add_argument("--methods", default=LayoutSettings.methods)
     parser.add_argument("--benchmarks", type=lambda s: tuple(s.split(",")), default=BENCHMARKS)
+    parser.add_argument("--dtype", default=LayoutSettings.dtype, help="float32 or bfloat16 (target and drafters)")
+    parser.add_argument("--layouts", type=lambda s: tuple(s.split(",")), default=LayoutSettings.layouts,
+                        help="comma-separated linear layouts, 'torch' among them")
     args = parser.parse_args(argv)
     settings = LayoutSettings(benchmarks=args.benchmarks, methods=args.methods, n_prompts=args.n_prompts,
-                              max_new_tokens=args.max_new_tokens)
+                              max_new_tokens=args.max_new_tokens, dtype=args.dtype, layouts=args.layouts)
     rows = measure_layouts(settings, args.out)
     summary = summarize_layouts(rows)
     summary.to_csv(args.out / "summary.csv", index=False)
