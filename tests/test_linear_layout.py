@@ -1,5 +1,7 @@
 """Input-major and oneDNN-packed linear weights: the same function, drafters follow the target, greedy identity holds."""
 
+import copy
+
 import pandas as pd
 import pytest
 import torch
@@ -57,8 +59,10 @@ def test_packed_linears_compute_the_same_logits_over_the_same_parameters():
         torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)
         reference, _ = tiny_target(vocab=16)
         reference.load_state_dict(model.state_dict())
-        model.to(torch.bfloat16)  # casting re-packs the weights in the new dtype
-        torch.testing.assert_close(model(input_ids=ids).logits, reference.to(torch.bfloat16)(input_ids=ids).logits)
+        copied = copy.deepcopy(model).to(torch.bfloat16)  # as bench casts a copy; casting re-packs the weights
+        assert copied.lm_head.weight is copied.model.embed_tokens.weight and copied.lm_head.packed is not model.lm_head.packed
+        torch.testing.assert_close(copied(input_ids=ids).logits, reference.to(torch.bfloat16)(input_ids=ids).logits)
+        torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)  # the original kept
 
 
 def test_a_packed_linear_refuses_to_run_where_gradients_are_wanted():

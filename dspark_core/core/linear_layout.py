@@ -27,6 +27,8 @@ not follow in-place updates of the weight, so a forward that needs gradients is 
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -79,6 +81,13 @@ class PackedLinear(nn.Linear):
         super()._apply(fn, recurse)
         self.packed = pack_weight(self.weight)
         return self
+
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        """A copy over copied parameters (the memo keeps a tied weight tied), packed anew: oneDNN's packed
+        tensor itself cannot be copied."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=self.bias is not None, device="meta")
+        linear.weight, linear.bias = copy.deepcopy(self.weight, memo), copy.deepcopy(self.bias, memo)
+        return PackedLinear(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` [..., in] -> [..., out], as ``F.linear(x, weight, bias)``."""
