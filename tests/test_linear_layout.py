@@ -70,7 +70,7 @@ def test_a_packed_linear_refuses_to_run_where_gradients_are_wanted():
     with pytest.raises(RuntimeError, match="inference"):
         linear(torch.randn(2, 4))
     with torch.no_grad():
-        torch.testing.assert_close(linear(torch.randn(2, 4)).shape, torch.Size([2, 3]))
+        assert linear(torch.randn(2, 4)).shape == (2, 3)
 
 
 def test_an_unknown_layout_is_a_clear_error():

@@ -3,8 +3,7 @@
 Two layouts besides ``nn.Linear``'s own (``"torch"``): ``"input-major"`` (float32, below) and ``"onednn-packed"``
 (bfloat16 on AMX, :class:`PackedLinear`).
 
-Input-major. 
-``nn.Linear`` keeps its weight ``W`` [out, in] row-major and computes ``x @ W.T``. For a few rows (2 to 16:
+Input-major. ``nn.Linear`` keeps its weight ``W`` [out, in] row-major and computes ``x @ W.T``. For a few rows (2 to 16:
 the tokens of a verification forward) MKL's float32 GEMM in that layout takes a kernel that is slow for so
 few rows, while the same product with ``W.T`` contiguous (``W`` stored input-major, strides (1, out)) takes a
 faster one; one row costs about the same either way. On a 2-core Intel Xeon without AMX, 8 rows through one
@@ -57,9 +56,12 @@ def use_input_major_linears(model: nn.Module) -> int:
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """``weight`` [out, in] packed by oneDNN (an opaque mkldnn tensor); a clear error where oneDNN cannot."""
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
-        raise ValueError(f"The onednn-packed layout needs a CPU weight and a torch built with oneDNN (mkldnn); got a "
-                         f"weight on {weight.device}. Use the 'torch' layout there.")
+    if weight.device.type != "cpu":
+        raise ValueError(f"The onednn-packed layout packs CPU weights, got a weight on {weight.device}; "
+                         f"use the 'torch' layout there.")
+    if not torch.backends.mkldnn.is_available():
+        raise ValueError("The onednn-packed layout needs a torch built with oneDNN (mkldnn), and this one is not; "
+                         "use the 'torch' layout.")
     if weight.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"The onednn-packed layout packs float32 or bfloat16 weights, got {weight.dtype}; "
                          f"load the model in one of those or use the 'torch' layout.")
