@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.dspark-installed
 
-.PHONY: setup run test test-fast lint lab notebooks bench bench-full bench-scheduled bench-layout data data-build recipe train-drafters train-quick clean-cache soak gpu-results peers
+.PHONY: setup run test test-fast lint lab notebooks bench bench-full bench-scheduled bench-lookup bench-layout data data-build recipe train-drafters train-quick clean-cache soak gpu-results peers
 
 setup: $(STAMP)
 
@@ -33,6 +33,12 @@ bench-full: setup
 
 bench-scheduled: setup
 	$(BIN)/dspark bench --profile scheduled $(FRESH)
+
+# Prompt lookup in front of dspark-markov (ours): its shortest match chosen on the last records of each
+# evaluation set, then measured on bench-full's prompts (bfloat16, about 10 + 20 min on 2 cores)
+bench-lookup: setup
+	$(BIN)/dspark bench --profile lookup-selection --out data/results/lookup-first/selection $(FRESH)
+	$(BIN)/dspark bench --profile lookup-first --out data/results/lookup-first/eval $(FRESH)
 
 # The target's linear weights row-major (as loaded) against input-major (`--linear-layout input-major`),
 # side by side in float32, greedy, on the first 3 records of every evaluation set (about 15 minutes on 2 cores).

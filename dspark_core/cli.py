@@ -43,7 +43,8 @@ from .decode.profile import (
     serving_dtype,
 )
 from .decode.shapes import get_shape
-from .drafters.registry import DRAFTER_NAMES, build_drafter
+from .drafters.lookup import LOOKUP_FIRST_NGRAM
+from .drafters.registry import DRAFTER_NAMES, LOOKUP_FIRST, build_drafter, check_drafter_name
 from .drafters.registry import shipped_drafter as drafter_folder
 from .eval.bench import (
     BENCHMARKS,
@@ -108,8 +109,7 @@ def _print_rounds(result: GenerationResult, gamma: int) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> None:
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    if args.drafter not in DRAFTER_NAMES:
-        raise ValueError(f"Unknown drafter {args.drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}.")
+    check_drafter_name(args.drafter)
     model, tokenizer = load_target(args.model, dtype=_serving_dtype(args.dtype, args.device), device=args.device,
                                    linear_layout=args.linear_layout)
     prompt = encode_prompt(tokenizer, args.prompt)
@@ -302,7 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text for one prompt and print round statistics")
     gen.add_argument("--prompt", required=True, help="the user message (the chat template is applied)")
-    gen.add_argument("--drafter", default="ngram", help=f"one of {', '.join(DRAFTER_NAMES)}")
+    gen.add_argument("--drafter", default="ngram",
+                     help=f"one of {', '.join(DRAFTER_NAMES)}; eagle, dflash or dspark with '{LOOKUP_FIRST}' "
+                          f"(or '{LOOKUP_FIRST}N') copies from the context where its last {LOOKUP_FIRST_NGRAM} (N) or more "
+                          "tokens occurred before, and drafts elsewhere")
     gen.add_argument("--gamma", type=int, default=5, help="draft tokens verified per round")
     gen.add_argument("--draft-model", default=None, help="checkpoint for --drafter draft-lm (a causal LM: hub id or folder) "
                                                                "or dflash / dspark (a trained drafter folder)")
@@ -312,7 +315,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="methods x benchmarks x temperatures side by side (resumable)")
     bench.add_argument("--profile", choices=sorted(PROFILES), default="quick",
-                       help="quick: 1 prompt per benchmark, 64 tokens (~10 min); full: 3 prompts, 96 tokens (about 65 min on 2 cores with both dtypes)")
+                       help="quick: 1 prompt per benchmark, 64 tokens (~10 min); full: 3 prompts, 96 tokens (about 65 min "
+                            "on 2 cores with both dtypes); scheduled, lookup-first, lookup-selection: see the README")
     bench.add_argument("--benchmarks", type=lambda s: tuple(s.split(",")), default=None,
                        help=f"comma-separated names in data/prompts/ or JSONL paths (default: {','.join(BENCHMARKS)})")
     bench.add_argument("--methods", default=None,
@@ -320,7 +324,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(plain decoding always runs); llamacpp and llamacpp-lookup[:G] need `make peers`")
     bench.add_argument("--temperatures", type=lambda s: tuple(float(t) for t in s.split(",")), default=None,
                        help="comma-separated, e.g. 0,1 (0 is greedy)")
-    bench.add_argument("--n-prompts", type=int, default=None, help="first N records of each benchmark")
+    bench.add_argument("--n-prompts", type=int, default=None, help="N records of each benchmark (see --records)")
+    bench.add_argument("--records", choices=("first", "last"), default=None,
+                       help="take the first N records (the evaluation runs) or the last N (choosing a setting)")
     bench.add_argument("--max-new-tokens", type=int, default=None)
     bench.add_argument("--seed", type=int, default=None)
     bench.add_argument("--top-k", type=int, default=None)

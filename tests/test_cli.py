@@ -6,6 +6,8 @@ import pandas as pd
 import pytest
 
 from dspark_core.cli import main
+from dspark_core.core.prompts import SMOKE_PROMPTS, load_prompt_set
+from dspark_core.eval.bench import round_split
 
 pytestmark = pytest.mark.slow  # every test runs the CLI on the default target
 
@@ -112,3 +114,19 @@ def test_calibrate_writes_sts_beside_the_drafter(tmp_path, capsys):
     (folder / "calibration.json").unlink()
     assert main(["calibrate", "--drafter-dir", str(folder), "--rounds", str(folder / "calibration-rounds-greedy.npz")]) == 0
     assert json.loads((folder / "calibration.json").read_text())["greedy"]["temperatures"] == stored["temperatures"]
+
+
+def test_lookup_first_runs_from_generate_and_from_bench_on_the_last_records(tmp_path, capsys):
+    assert main(["generate", "--prompt", "Say 'one two three' three times.", "--drafter", "dspark+ngram", "--gamma", "7",
+                 "--max-new-tokens", "16", "--dtype", "float32"]) == 0
+    assert "tau" in capsys.readouterr().out
+    assert main(["generate", "--prompt", "Hi.", "--drafter", "ngram+ngram"]) == 2
+    assert "goes behind a drafter trained on the target's features" in capsys.readouterr().err
+    out = tmp_path / "run"
+    assert main(["bench", "--benchmarks", "smoke", "--n-prompts", "1", "--records", "last", "--methods",
+                 "dspark-markov+ngram:3", "--temperatures", "0", "--max-new-tokens", "12", "--dtypes", "float32",
+                 "--out", str(out)]) == 0
+    rows = pd.read_csv(out / "rows.csv")
+    assert set(rows["method"]) == {"plain", "dspark-markov+ngram@3"} and rows["same_as_plain"].all()
+    assert set(rows["prompt_id"]) == {load_prompt_set(SMOKE_PROMPTS)[-1]["id"]}
+    assert "dspark-markov+ngram@3" in round_split(rows).index.get_level_values("method")  # timed as ours

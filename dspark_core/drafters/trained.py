@@ -115,15 +115,21 @@ class _ServedDrafter:
         raise NotImplementedError
 
     @torch.inference_mode()
-    def propose(
-        self, context: DraftContext, gamma: int, sampling: SamplingConfig, generator: torch.Generator | None
-    ) -> Draft:
+    def observe(self, context: DraftContext) -> None:
+        """Add the round's ``new_features`` to the context and check it then holds every committed token
+        but the anchor. Every round must pass its features through here, whether it drafts or not."""
         if context.new_features is not None and context.new_features.shape[0]:
             self._extend(context.new_features.to(self.drafter.dtype), context.tokens)
             self.ctx_len += context.new_features.shape[0]
         if self.ctx_len != len(context.tokens) - 1 or self.kv is None:
             raise RuntimeError(f"drafter context holds {self.ctx_len} tokens, expected {len(context.tokens) - 1}: "
                                "call reset() before a new sequence and pass every round's new_features")
+
+    @torch.inference_mode()
+    def propose(
+        self, context: DraftContext, gamma: int, sampling: SamplingConfig, generator: torch.Generator | None
+    ) -> Draft:
+        self.observe(context)
         gamma = min(gamma, self.block_size)
         if gamma < 1:
             return Draft.empty(context.vocab_size)

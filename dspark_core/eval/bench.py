@@ -21,8 +21,10 @@ target's forward. Greedy rows record the first token where a method parts from p
 same dtype (in bfloat16 that happens at near-ties; see tests/test_bf16_greedy.py).
 
 Methods are ours (``ngram``, ``oracle``, ``draft-lm``, ``eagle``, ``dflash``, ``dspark-markov``,
-``dspark-rnn``: :func:`speculative_generate`, at fixed block lengths or, for dspark drafters, under
-the hardware-aware scheduler with a cost profile measured at the start of the run) or peers run
+``dspark-rnn``, and each trained one behind prompt lookup, e.g. ``dspark-markov+ngram``
+(:class:`~dspark_core.drafters.lookup.LookupFirst`): :func:`speculative_generate`, at fixed block lengths
+or, for dspark drafters, under the hardware-aware scheduler with a cost profile measured at the start
+of the run) or peers run
 through transformers' public API
 (``hf-generate``: ``model.generate``; ``hf-assisted``: assisted generation with the draft LM at the
 library's default settings; ``hf-prompt-lookup``: prompt lookup decoding), or llama.cpp
@@ -64,13 +66,14 @@ from ..decode.loop import autoregressive_generate, speculative_generate
 from ..decode.policies import FixedLength, HardwareAware
 from ..decode.profile import CostProfile, combine_dtypes, measure_profiles
 from ..drafters.draft_lm import load_draft_lm
-from ..drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter
+from ..drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter, split_lookup_first
 from .llamacpp import LLAMACPP, LOOKUP_TOKENS, LlamaCppPeer, require_llama_cpp
 
 BENCHMARKS = ("math", "humaneval", "chat", "long_input", "format")
 PEERS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 KEY = ("temperature", "benchmark", "prompt_id", "turn")  # one measured turn: its rows are written together
-OURS = ("ngram", "oracle", "draft-lm", "eagle", "dflash", "dspark", *SHIPPED_DRAFTERS)
+TRAINED = ("eagle", "dflash", "dspark", "dspark-markov", "dspark-rnn")  # drafters on the target's features
+OURS = ("ngram", "oracle", "draft-lm", *TRAINED)  # and each trained one behind prompt lookup, e.g. dspark-markov+ngram
 GGUF_DTYPE = "q4_1"  # the dtype column of llama.cpp's rows: the GGUF's quantisation
 PLAIN_FAMILIES = ("plain", "hf-generate")  # plain decoding, ours or transformers': the baselines of every ratio
 
@@ -91,13 +94,20 @@ class Method:
     def label(self) -> str:
         if self.name in ("plain", "hf-generate", "llamacpp") or (self.name in PEERS + LLAMACPP and not self.gamma):
             return self.name
-        shown = Path(self.checkpoint).name if self.checkpoint and self.name not in PEERS + LLAMACPP else self.name
+        shown = self.name
+        if self.checkpoint and self.name not in PEERS + LLAMACPP:
+            shown = Path(self.checkpoint).name + self.name[len(self.base):]
         return f"{shown}@{'hw' if self.scheduled else ''}{self.gamma}"
 
     @property
+    def base(self) -> str:
+        """The name without a lookup suffix (``dspark-markov+ngram2`` -> ``dspark-markov``)."""
+        return split_lookup_first(self.name, TRAINED)[0]
+
+    @property
     def drafter(self) -> str:
-        """The drafter kind :func:`build_drafter` takes."""
-        return "dspark" if self.name.startswith("dspark") else self.name
+        """The drafter kind :func:`build_drafter` takes (``dspark-markov+ngram2`` -> ``dspark+ngram2``)."""
+        return ("dspark" if self.base.startswith("dspark") else self.base) + self.name[len(self.base):]
 
 
 PLAIN = Method("plain")
@@ -115,20 +125,24 @@ def parse_methods(spec: str) -> list[Method]:
         head, _, gammas = part.partition(":")
         name, _, checkpoint = head.partition("=")
         name, checkpoint = name.strip(), checkpoint.strip() or None
-        if name not in OURS + PEERS + LLAMACPP:
-            raise ValueError(f"Unknown method {name!r} in {spec!r}; choose from {', '.join(OURS + PEERS + LLAMACPP)}.")
+        base, min_ngram = split_lookup_first(name, TRAINED)
+        if base not in OURS + PEERS + LLAMACPP:
+            raise ValueError(f"Unknown method {name!r} in {spec!r}; choose from {', '.join(OURS + PEERS + LLAMACPP)} "
+                             "(a trained drafter may take '+ngram', e.g. 'dspark-markov+ngram').")
         if name == "llamacpp" and gammas:
             raise ValueError(f"{part!r}: llamacpp is plain decoding and takes no block length (llamacpp-lookup does).")
         if not gammas and name not in PEERS + LLAMACPP:
             raise ValueError(f"Method {part!r} needs block lengths, e.g. 'ngram:3,5,7' or 'dspark=<folder>:7'.")
-        if checkpoint is None and (name in SHIPPED_DRAFTERS or name in ("draft-lm", "hf-assisted")):
-            checkpoint = str(shipped_drafter("draft-lm" if name == "hf-assisted" else name))
+        shipped = {"hf-assisted": "draft-lm"}.get(name, base)
+        if checkpoint is None and shipped in SHIPPED_DRAFTERS + ("draft-lm",):
+            checkpoint = str(shipped_drafter(shipped))
         for g in (gammas.split(",") if gammas else ["0"]):
             g = g.strip()
             scheduled = g.startswith("hw")
-            if scheduled and not name.startswith("dspark"):
+            if scheduled and not (name.startswith("dspark") and min_ngram is None):
                 raise ValueError(f"{part!r}: the hardware-aware scheduler ('hw{g[2:]}') needs a dspark drafter's "
-                                 "confidences; use dspark, dspark-markov or dspark-rnn.")
+                                 "confidences on every draft; use dspark, dspark-markov or dspark-rnn "
+                                 "(copied drafts of '+ngram' have none).")
             if not g.removeprefix("hw").isdigit():
                 raise ValueError(f"{part!r}: block lengths are integers, or hwG for the scheduler (e.g. 'hw7').")
             methods.append(Method(name, int(g.removeprefix("hw")), checkpoint, scheduled))
@@ -138,7 +152,8 @@ def parse_methods(spec: str) -> list[Method]:
 @dataclass
 class BenchSettings:
     """One benchmark run. ``benchmarks`` are names of ``data/prompts/<name>.jsonl`` or JSONL paths;
-    ``n_prompts`` caps the records taken from each (first N); every turn of a record is measured;
+    ``n_prompts`` caps the records taken from each, the first N or, with ``records="last"``, the last N (the
+    selection set's end, for choosing a setting on records no evaluation run reads); every turn of a record is measured;
     ``dtypes``: the target's dtypes, each running plain decoding and every method (the command's
     profiles run float32 and bfloat16; the library's default is float32 alone). ``linear_layout``: the
     target's linear weights as loaded (``torch``) or ``input-major`` in every dtype, with the drafters following
@@ -148,6 +163,7 @@ class BenchSettings:
     methods: str = "ngram:7;oracle:7"
     temperatures: tuple[float, ...] = (0.0, 1.0)
     n_prompts: int | None = 2
+    records: str = "first"
     max_new_tokens: int = 128
     seed: int = 0
     top_k: int = 0
@@ -167,6 +183,8 @@ class BenchSettings:
             raise ValueError(f"dtypes must be distinct names from {', '.join(DTYPES)}, got {self.dtypes}.")
         if self.max_new_tokens < 1 or (self.n_prompts is not None and self.n_prompts < 1):
             raise ValueError("max_new_tokens and n_prompts must be >= 1.")
+        if self.records not in ("first", "last"):
+            raise ValueError(f"records must be 'first' or 'last', got {self.records!r}.")
         parse_methods(self.methods)  # fail early on a bad spec
 
 
@@ -187,6 +205,18 @@ PROFILES = {
     "scheduled": BenchSettings(
         methods="ngram:7;dspark-markov:1,2,3,hw7;dspark-rnn:2,hw7;hf-prompt-lookup:10",
         n_prompts=3, max_new_tokens=96, dtypes=BOTH_DTYPES,
+    ),
+    # Prompt lookup in front of dspark-markov (ours) against each alone and transformers' prompt lookup, on the
+    # full profile's prompts, in bfloat16
+    "lookup-first": BenchSettings(
+        methods="ngram:7;dspark-markov:7;dspark-markov+ngram:7;hf-prompt-lookup:10",
+        n_prompts=3, max_new_tokens=96, dtypes=("bfloat16",),
+    ),
+    # Choosing the shortest match it copies from, on the last records of each set (never in the profiles above)
+    "lookup-selection": BenchSettings(
+        methods="ngram:7;dspark-markov:7;dspark-markov+ngram1:7;dspark-markov+ngram2:7;dspark-markov+ngram3:7;"
+                "dspark-markov+ngram4:7",
+        n_prompts=2, records="last", max_new_tokens=96, dtypes=("bfloat16",),
     ),
 }
 
@@ -371,6 +401,14 @@ def _finished_turns(rows_file: Path, per_turn: int) -> list[tuple]:
     return keys
 
 
+def _records(benchmark: str, settings: BenchSettings) -> list[dict]:
+    """The records of one benchmark a run measures (:class:`BenchSettings` ``n_prompts`` and ``records``)."""
+    records = load_prompt_set(benchmark_path(benchmark))
+    if settings.n_prompts is None:
+        return records
+    return records[: settings.n_prompts] if settings.records == "first" else records[-settings.n_prompts:]
+
+
 def _prepare_out_dir(out_dir: Path, settings: BenchSettings, per_turn: int) -> set[tuple]:
     """Check a resumed run has the same settings; return the turns (:data:`KEY`) measured or skipped
     already, after cutting what an interrupted write left (``per_turn``: rows a measured turn writes)."""
@@ -378,7 +416,8 @@ def _prepare_out_dir(out_dir: Path, settings: BenchSettings, per_turn: int) -> s
     settings_file, rows_file = out_dir / "settings.json", out_dir / "rows.csv"
     wanted = asdict(settings)
     if settings_file.is_file():
-        stored = {"linear_layout": "torch", **json.loads(settings_file.read_text())["settings"]}  # older runs: as loaded
+        stored = {"linear_layout": "torch", "records": "first",  # older runs: as loaded, first records
+                  **json.loads(settings_file.read_text())["settings"]}
         if stored != json.loads(json.dumps(wanted)):
             raise ValueError(f"{out_dir} holds a run with other settings ({settings_file}); pass another output "
                              "folder, or --fresh to discard it.")
@@ -476,8 +515,7 @@ def run_bench(
     profile = _cost_profile(out_dir, models, methods)
     for name, runner in runners.items():
         runner.profile = profile.for_dtype(name) if profile is not None else None
-    items = [(name, record) for name in settings.benchmarks
-             for record in load_prompt_set(benchmark_path(name))[: settings.n_prompts]]
+    items = [(name, record) for name in settings.benchmarks for record in _records(name, settings)]
     jobs = [(t, name, record, turn) for t in settings.temperatures for name, record in items
             for turn in range(1, len(record["turns"]) + 1)]
     rows_file, skipped_file = out_dir / "rows.csv", out_dir / "skipped.jsonl"
@@ -561,7 +599,8 @@ def round_split(rows: pd.DataFrame) -> pd.DataFrame:
     median milliseconds per round of each part (:data:`~dspark_core.core.rounds.ROUND_PARTS`) and the
     median share of the rounds' time outside the target's forward."""
     rows = with_dtype(rows)
-    timed = rows[rows["rounds"].notna() & rows["family"].isin(OURS + ("plain",))]
+    ours = rows["family"].map(lambda family: Method(family).base in OURS + ("plain",))
+    timed = rows[rows["rounds"].notna() & ours]
     per_round = timed[[f"{part}_time" for part in ROUND_PARTS]].div(timed["rounds"], axis=0) * 1000
     per_round.columns = [f"{part}_ms" for part in ROUND_PARTS]
     table = per_round.assign(outside_forward_share=timed["outside_forward_share"], **{k: timed[k] for k in BY})
