@@ -61,3 +61,13 @@ def test_rounds_without_drafting_keep_the_drafter_context(target, prompts, eos, 
     assert [r.result.tokens for r in done] == plain_outputs
     rounds = [r for request in done for r in request.result.rounds]
     assert any(r.proposed == 0 for r in rounds) and any(r.proposed > 0 for r in rounds)
+
+
+def test_lookup_first_in_the_batch_equals_plain_per_request(target, prompts, eos, plain_outputs):
+    """Prompt lookup in front of the shipped dspark-markov, one per request: copied and drafted rounds
+    interleave across the batch, and each request's output is still plain greedy decoding's."""
+    model, tokenizer = target
+    engine, done = serve(model, prompts, eos, FixedLength(7), lambda: build_drafter("dspark+ngram", model, tokenizer))
+    assert [r.result.tokens for r in done] == plain_outputs
+    rounds = [r for request in done for r in request.result.rounds if r.proposed]
+    assert any(r.confidences is None for r in rounds) and any(r.confidences is not None for r in rounds)

@@ -35,6 +35,25 @@ def test_lookup_copies_after_the_longest_match_and_its_latest_occurrence():
     assert copied(NgramDrafter(), [4]) == []
 
 
+def latest_longest_match(tokens: list[int], max_ngram: int, min_ngram: int, gamma: int) -> list[int]:
+    """The plain definition: for n from the longest down, the latest earlier occurrence of the last n tokens."""
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tokens[-n:]:
+                return tokens[start + n : start + n + gamma]
+    return []
+
+
+def test_lookup_equals_the_plain_definition_on_random_contexts():
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        tokens = rng.integers(0, int(rng.integers(2, 6)), size=int(rng.integers(1, 40))).tolist()
+        max_ngram = int(rng.integers(1, 6))
+        min_ngram, gamma = int(rng.integers(1, max_ngram + 1)), int(rng.integers(1, 8))
+        assert copied(NgramDrafter(max_ngram, min_ngram), tokens, gamma) == latest_longest_match(
+            tokens, max_ngram, min_ngram, gamma), (tokens, max_ngram, min_ngram, gamma)
+
+
 def rounds_by_kind(result) -> tuple[int, int]:
     """(copied rounds, drafted rounds): a dspark draft carries confidences, a copy none."""
     drafted = sum(r.confidences is not None for r in result.rounds if r.proposed)
@@ -52,6 +71,8 @@ def test_lookup_first_copies_where_the_context_repeats_drafts_elsewhere_and_equa
         assert result.tokens == plain.tokens
         kinds += rounds_by_kind(result)
     assert kinds.min() > 0, f"copied and drafted rounds: {kinds}; the test must run both"
+    with pytest.raises(ValueError, match="block"):  # its block is the drafter's (5): copies are no longer
+        speculative_generate(model, [3, 7, 1, 9, 4, 3, 7], drafter, FixedLength(6), max_new_tokens=8)
 
 
 @pytest.mark.slow  # chi-square tests over 3,000 seeded generations (about 30 s)

@@ -62,7 +62,8 @@ def _confidences(draft: Draft) -> torch.Tensor:
     if len(draft) == 0:
         return torch.zeros(0, dtype=torch.float64)
     if draft.confidences is None:
-        raise ValueError("This policy needs per-position confidences: use a dspark drafter (it has a confidence head).")
+        raise ValueError("This policy needs per-position confidences on every draft: use a dspark drafter (it has a "
+                         "confidence head), not one behind prompt lookup ('+ngram': copied drafts have none).")
     return draft.confidences.double()
 
 

@@ -22,8 +22,9 @@ def _one_hot_draft(tokens: Sequence[int], vocab_size: int) -> Draft:
 
 
 class NgramDrafter:
-    """Prompt lookup: find the latest earlier occurrence of the context's last n tokens and copy
-    what followed it. Tries ``n = max_ngram`` down to ``min_ngram``; proposes nothing if no match."""
+    """Prompt lookup: copy what followed the earlier occurrence of the context's longest suffix that occurred
+    before (at most ``max_ngram`` tokens; the latest occurrence among equals). Proposes nothing when that suffix
+    is shorter than ``min_ngram``."""
 
     feature_layers: tuple[int, ...] = ()
 
@@ -81,13 +82,14 @@ class LookupFirst:
     The choice reads committed tokens only, never the target's verdict on this round, and either draft carries
     the exact distributions it came from, so verification stays lossless. The trained drafter takes every
     round's target features whichever draft is used, so its context stays whole. Copied drafts have no
-    confidences: run it with a fixed block length (:class:`~dspark_core.decode.policies.FixedLength`). A copy
-    may be up to ``gamma`` tokens long; the trained drafter drafts at most its block (``drafter.block_size``)."""
+    confidences: run it with a fixed block length (:class:`~dspark_core.decode.policies.FixedLength`). Its block is
+    the trained drafter's (``block_size``): copies are no longer than drafts, so a label's gamma holds for both."""
 
     def __init__(self, drafter: BlockDrafter | EagleDrafter, min_ngram: int = LOOKUP_FIRST_NGRAM, max_ngram: int = 8):
         self.drafter = drafter
         self.lookup = NgramDrafter(max_ngram=max(max_ngram, min_ngram), min_ngram=min_ngram)
         self.feature_layers = drafter.feature_layers
+        self.block_size = drafter.block_size
 
     def reset(self) -> None:
         self.drafter.reset()
