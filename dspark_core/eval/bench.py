@@ -66,13 +66,20 @@ from ..decode.loop import autoregressive_generate, speculative_generate
 from ..decode.policies import FixedLength, HardwareAware
 from ..decode.profile import CostProfile, combine_dtypes, measure_profiles
 from ..drafters.draft_lm import load_draft_lm
-from ..drafters.registry import SHIPPED_DRAFTERS, build_drafter, shipped_drafter, split_lookup_first
+from ..drafters.registry import (
+    FEATURE_DRAFTERS,
+    SHIPPED_DRAFTERS,
+    build_drafter,
+    shipped_drafter,
+    split_lookup_first,
+)
 from .llamacpp import LLAMACPP, LOOKUP_TOKENS, LlamaCppPeer, require_llama_cpp
 
 BENCHMARKS = ("math", "humaneval", "chat", "long_input", "format")
 PEERS = ("hf-generate", "hf-assisted", "hf-prompt-lookup")
 KEY = ("temperature", "benchmark", "prompt_id", "turn")  # one measured turn: its rows are written together
-TRAINED = ("eagle", "dflash", "dspark", "dspark-markov", "dspark-rnn")  # drafters on the target's features
+# drafters on the target's features, by kind and by shipped name: eagle, dflash, dspark, dspark-markov, dspark-rnn
+TRAINED = FEATURE_DRAFTERS + tuple(name for name in SHIPPED_DRAFTERS if name not in FEATURE_DRAFTERS)
 OURS = ("ngram", "oracle", "draft-lm", *TRAINED)  # and each trained one behind prompt lookup, e.g. dspark-markov+ngram
 GGUF_DTYPE = "q4_1"  # the dtype column of llama.cpp's rows: the GGUF's quantisation
 PLAIN_FAMILIES = ("plain", "hf-generate")  # plain decoding, ours or transformers': the baselines of every ratio
