@@ -254,6 +254,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         drafter=args.drafter, head=args.head, layers=args.layers, block=args.block,
         feature_layers=tuple(args.feature_layers), draft_vocab=args.draft_vocab, rank=args.rank, loss=args.loss,
         position_decay=args.position_decay, ce_label=args.ce_label, init_from_target=args.init_from_target,
+        init_drafter=args.init_drafter or "",
         anchor_feature=args.anchor_feature,
         shift_anchors=args.shift_anchors, distill_repeats=args.distill_repeats,
         epochs=args.epochs, steps=args.steps, tokens_per_step=args.tokens_per_step, lr=args.lr, warmup=args.warmup,
@@ -423,6 +424,9 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--head", choices=["markov", "rnn"], default=tc.head, help="dspark's sequential head")
     trn.add_argument("--layers", type=int, default=tc.layers, help="drafter depth (transformer layers)")
     trn.add_argument("--init-from-target", action="store_true", help="start the draft layers from the target's top layers")
+    trn.add_argument("--init-drafter", metavar="DIR",
+                     help="warm start: begin from this trained drafter's weights and draft vocabulary (same flags "
+                          "as it was trained with); the schedule starts over")
     trn.add_argument("--anchor-feature", action="store_true",
                      help="(ours; dflash, dspark) add the fused target feature of the token before the anchor to the block's inputs")
     trn.add_argument("--shift-anchors", action="store_true",

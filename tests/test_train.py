@@ -226,6 +226,30 @@ def test_init_from_target_copies_the_top_layers(target):
     assert torch.equal(drafter.layers[0].down_proj.weight, model.model.layers[-2].mlp.down_proj.weight.float())
 
 
+def test_init_drafter_starts_from_a_trained_drafter_and_refuses_another_architecture(target, tiny, tmp_path):
+    from dspark_core.core.fp8 import load_weights
+    from dspark_core.train.drafters import build_drafter_model
+
+    model, tokenizer = target
+    _, store = tiny
+    config = TrainConfig(**{**QUICK, "head": "markov", "steps": 2, "save_every": 2, "log_every": 2})
+    train(config, model, tokenizer, store, tmp_path / "first")
+    saved = load_weights(build_drafter_model(config, model, tokenizer, torch.arange(512)), tmp_path / "first")
+
+    warm = TrainConfig(**{**QUICK, "head": "markov", "init_drafter": str(tmp_path / "first")})
+    started = build_drafter_model(warm, model, tokenizer, torch.arange(512, 1024))  # the checkpoint's vocabulary wins
+    assert torch.equal(started.draft_token_ids, saved.draft_token_ids)
+    assert not torch.equal(started.draft_token_ids, torch.arange(512, 1024))
+    for (name, mine), theirs in zip(started.state_dict().items(), saved.state_dict().values()):
+        assert torch.equal(mine, theirs), name
+
+    other = TrainConfig(**{**QUICK, "head": "markov", "layers": 2, "init_drafter": str(tmp_path / "first")})
+    with pytest.raises(ValueError, match="num_layers 1 .theirs. vs 2"):
+        build_drafter_model(other, model, tokenizer, torch.arange(512))
+    with pytest.raises(ValueError, match="excludes init_from_target"):
+        TrainConfig(**{**QUICK, "init_drafter": str(tmp_path / "first"), "init_from_target": True})
+
+
 def test_draft_lm_distils_and_drafts(target, tiny, prompts, eos, tmp_path):
     model, tokenizer = target
     sequences, _ = tiny

@@ -26,6 +26,8 @@ class TrainConfig:
     target's most likely next token; on fixed text it differs from the text).
     init_from_target: start each draft layer from the target's top layers (the last ``layers``
     decoder layers) instead of random weights.
+    init_drafter: a trained drafter's folder to start from (a warm start: its weights and draft
+    vocabulary; its architecture must equal this config's). The schedule starts over.
     anchor_feature: (ours; dflash, dspark) the block's inputs also get the fused target feature of the
     token before the anchor (:class:`..models.DrafterConfig`).
     shift_anchors: (eagle, dflash, dspark) shift each sequence's block tiling by a seeded offset in
@@ -50,6 +52,7 @@ class TrainConfig:
     position_decay: float = 0.0
     ce_label: str = "text"
     init_from_target: bool = False
+    init_drafter: str = ""
     anchor_feature: bool = False
     shift_anchors: bool = False
     distill_repeats: int = 1
@@ -88,5 +91,8 @@ class TrainConfig:
                              "eagle3 weighs steps by 0.8^(k-1) and the draft LM trains every position alike")
         if self.shift_anchors and self.drafter == "draft-lm":
             raise ValueError("shift_anchors applies to eagle, dflash and dspark; the draft LM trains on every position")
+        if self.init_drafter and (self.init_from_target or self.drafter == "draft-lm"):
+            raise ValueError("init_drafter starts an eagle, dflash or dspark drafter from a trained one; "
+                             "it excludes init_from_target and the draft LM")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {self.val_fraction}")

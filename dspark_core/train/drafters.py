@@ -26,6 +26,8 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from ..core.checksums import verify_checksums
+from ..core.fp8 import load_weights
 from ..core.provenance import machine_info
 from ..core.target import target_fingerprint, tokenizer_fingerprint
 from ..data.features import FeatureStore
@@ -211,24 +213,41 @@ def held_out_acceptance(drafter: TargetBoundDraftModel | PreTrainedModel, store:
     return {"sampled": (sampled / max(1, count)).tolist(), "greedy": (hits / reached.clamp_min(1)).tolist()}
 
 
-def frequent_tokens(store: FeatureStore, rows: np.ndarray, size: int) -> tuple[torch.Tensor, float]:
-    """The ``size`` tokens the target most often ranks first at span positions of ``rows`` (ties by id):
-    the draft vocabulary, as sorted target ids; and the share of those positions it covers."""
+def first_ranked_counts(store: FeatureStore, rows: np.ndarray) -> Counter:
+    """How often the target ranks each token first at the span positions of ``rows``."""
     counts: Counter = Counter()
     for i in rows.tolist():
         positions = np.concatenate([np.arange(max(s - 1, 0), e - 1) for s, e in store.sequences.spans[i]] or [np.zeros(0, int)])
         if len(positions):
             counts.update(store.target_topk(i, positions)[0][:, 0].tolist())
+    return counts
+
+
+def coverage_of(counts: Counter, token_ids: list[int]) -> float:
+    """The share of the counted positions whose first-ranked token is in ``token_ids``."""
+    return sum(counts[t] for t in token_ids) / max(1, sum(counts.values()))
+
+
+def top_tokens(counts: Counter, size: int) -> torch.Tensor:
+    """The ``size`` most counted tokens (ties by id; uncounted low ids fill up), as sorted target ids."""
     ranked = sorted(counts, key=lambda t: (-counts[t], t))[:size]
     ranked += [t for t in range(size + len(ranked)) if t not in counts][: size - len(ranked)]
-    covered = sum(counts[t] for t in ranked) / max(1, sum(counts.values()))
-    return torch.tensor(sorted(ranked), dtype=torch.long), covered
+    return torch.tensor(sorted(ranked), dtype=torch.long)
+
+
+def frequent_tokens(store: FeatureStore, rows: np.ndarray, size: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` tokens the target most often ranks first at span positions of ``rows`` (ties by id):
+    the draft vocabulary, as sorted target ids; and the share of those positions it covers."""
+    counts = first_ranked_counts(store, rows)
+    vocab = top_tokens(counts, size)
+    return vocab, coverage_of(counts, vocab.tolist())
 
 
 def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
                         draft_token_ids: torch.Tensor) -> TargetBoundDraftModel:
     """A fresh drafter sized like one target layer, bound to the target, with its draft vocabulary
-    (and, with ``init_from_target``, its layers copied from the target's last ones)."""
+    (and, with ``init_from_target``, its layers copied from the target's last ones; with ``init_drafter``,
+    a trained drafter's weights and draft vocabulary)."""
     tc = model.config
     cls = EagleDraftModel if config.drafter == "eagle" else ParallelDraftModel
     drafter = cls(DrafterConfig(
@@ -245,6 +264,8 @@ def build_drafter_model(config: TrainConfig, model: PreTrainedModel, tokenizer: 
     drafter.draft_token_ids.copy_(draft_token_ids)
     if config.init_from_target:
         copy_target_layers(drafter, model)
+    if config.init_drafter:
+        start_from_drafter(drafter, Path(config.init_drafter))
     drafter.attach_target(model.get_input_embeddings().weight, model.get_output_embeddings().weight)
     return drafter
 
@@ -261,6 +282,29 @@ def copy_target_layers(drafter: TargetBoundDraftModel, model: PreTrainedModel) -
         for mine, theirs in zip(drafter.layers, target_layers):
             for name, path in pairs.items():
                 getattr(mine, name).weight.copy_(theirs.get_submodule(path).weight.float())
+
+
+# What a warm start must share with the drafter it starts from (the weights' shapes alone miss some).
+WARM_START_FIELDS = ("kind", "head", "block_size", "num_layers", "hidden_size", "feature_layers", "draft_vocab_size",
+                     "rank", "anchor_feature", "target_fingerprint", "tokenizer_fingerprint")
+
+
+def start_from_drafter(drafter: TargetBoundDraftModel, folder: Path) -> None:
+    """Load the trained drafter in ``folder`` (checksums checked) into ``drafter``: its weights and its draft
+    vocabulary. Raises ValueError, naming the settings, where the two differ in architecture or target."""
+    verify_checksums(folder)
+    trained = DrafterConfig.from_pretrained(folder).to_dict()
+    mine = drafter.config.to_dict()
+    differ = [f"{name} {trained.get(name)!r} (theirs) vs {mine[name]!r}" for name in WARM_START_FIELDS
+              if _plain(trained.get(name)) != _plain(mine[name])]
+    if differ:
+        raise ValueError(f"--init-drafter {folder} is another architecture or target: " + "; ".join(differ)
+                         + ". Pass the training flags it was trained with (its train_meta.json), or start from scratch.")
+    load_weights(drafter, folder)
+
+
+def _plain(value: object) -> object:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def run_metadata(config: TrainConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
@@ -314,8 +358,9 @@ def train(
     torch.manual_seed(config.seed)
     sequences = store.sequences
     train_rows, val_rows = split_indices(len(sequences), config.val_fraction, config.seed)
-    vocab, coverage = frequent_tokens(store, train_rows, config.draft_vocab)
-    drafter = build_drafter_model(config, model, tokenizer, vocab)
+    counts = first_ranked_counts(store, train_rows)
+    drafter = build_drafter_model(config, model, tokenizer, top_tokens(counts, config.draft_vocab))
+    coverage = coverage_of(counts, drafter.draft_token_ids.tolist())  # a warm start keeps its drafter's vocabulary
     plan = planned_steps(sequences, train_rows, config)
     meta = run_metadata(config, model, tokenizer, sequences, [i for step in plan for i in step],
                         feature_store=store.folder.name, train_sequences=len(train_rows), val_sequences=len(val_rows),
