@@ -103,7 +103,7 @@ class Method:
             return self.name
         shown = self.name
         if self.checkpoint and self.name not in PEERS + LLAMACPP:
-            shown = Path(self.checkpoint).name + self.name[len(self.base):]
+            shown = Path(self.checkpoint).name + self.lookup_suffix
         return f"{shown}@{'hw' if self.scheduled else ''}{self.gamma}"
 
     @property
@@ -112,9 +112,14 @@ class Method:
         return split_lookup_first(self.name, TRAINED)[0]
 
     @property
+    def lookup_suffix(self) -> str:
+        """The lookup suffix, or "" (``dspark-markov+ngram2`` -> ``+ngram2``)."""
+        return self.name[len(self.base):]
+
+    @property
     def drafter(self) -> str:
         """The drafter kind :func:`build_drafter` takes (``dspark-markov+ngram2`` -> ``dspark+ngram2``)."""
-        return ("dspark" if self.base.startswith("dspark") else self.base) + self.name[len(self.base):]
+        return ("dspark" if self.base.startswith("dspark") else self.base) + self.lookup_suffix
 
 
 PLAIN = Method("plain")
