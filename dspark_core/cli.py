@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="methods x benchmarks x temperatures side by side (resumable)")
     bench.add_argument("--profile", choices=sorted(PROFILES), default="quick",
                        help="quick: 1 prompt per benchmark, 64 tokens (~10 min); full: 3 prompts, 96 tokens (about 65 min "
-                            "on 2 cores with both dtypes); scheduled, lookup-first, lookup-selection: see the README")
+                            "on 2 cores with both dtypes); scheduled, lookup-first, lookup-selection, lookup-block: see the README")
     bench.add_argument("--benchmarks", type=lambda s: tuple(s.split(",")), default=None,
                        help=f"comma-separated names in data/prompts/ or JSONL paths (default: {','.join(BENCHMARKS)})")
     bench.add_argument("--methods", default=None,

@@ -219,9 +219,9 @@ PROFILES = {
         n_prompts=3, max_new_tokens=96, dtypes=BOTH_DTYPES,
     ),
     # Prompt lookup in front of dspark-markov (ours) against each alone and transformers' prompt lookup, on the
-    # full profile's prompts, in bfloat16
+    # full profile's prompts, in bfloat16; its block 7 greedy and 4 at T=1 (chosen by lookup-block)
     "lookup-first": BenchSettings(
-        methods="ngram:7;dspark-markov:7;dspark-markov+ngram:7;hf-prompt-lookup:10",
+        methods="ngram:7;dspark-markov:7;dspark-markov+ngram:4,7;hf-prompt-lookup:10",
         n_prompts=3, max_new_tokens=96, dtypes=("bfloat16",),
     ),
     # Choosing the shortest match it copies from, on the last records of each set (never in the profiles above)
@@ -229,6 +229,10 @@ PROFILES = {
         methods="ngram:7;dspark-markov:7;dspark-markov+ngram1:7;dspark-markov+ngram2:7;dspark-markov+ngram3:7;"
                 "dspark-markov+ngram4:7",
         n_prompts=2, records="last", max_new_tokens=96, dtypes=("bfloat16",),
+    ),
+    # Choosing its block at each temperature, on the same last records
+    "lookup-block": BenchSettings(
+        methods="dspark-markov+ngram:3,4,5,7", n_prompts=2, records="last", max_new_tokens=96, dtypes=("bfloat16",),
     ),
 }
 
