@@ -116,7 +116,8 @@ DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype fl
 # AMD EPYC without AMX, 2026-12-06), that control with five fused target layers and then also DeepSpec's
 # position decay 4 (store 14 min, 1,000 steps 28 min each on a faster AMD EPYC; the latter ships as
 # dspark-markov); then a warm restart of that run (1,000 more steps from its weights at half the peak rate,
-# seed 1: other tilings; store 28 min, steps 54 min on a 2-core AMD EPYC without AMX, 2026-12-07); then the same data for one whole epoch (2,083 steps, every token seen once;
+# seed 1: other tilings; store 28 min, steps 54 min on a 2-core AMD EPYC without AMX, 2026-12-07) and a second one
+# from it (300 steps, seed 2; 16 min); then the same data for one whole epoch (2,083 steps, every token seen once;
 # not run to its end yet: on an Intel Xeon with AMX its store took 1 h 26 min and its steps run at about 3.1 s each,
 # about 1 h 50 min for the 2,083; about 3.4 h of store alone at the 620-850 tokens/s of the AMD machine).
 SLICE_300K = $(BIN)/dspark train --drafter dspark --head markov --max-tokens 300000 --selection --dtype float32 \
@@ -165,6 +166,9 @@ recipe: setup
 	$(BF16_1000) --sources distill $(FEATURES5) --position-decay 4 --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4
 	$(BF16_1000) --sources distill $(FEATURES5) --position-decay 4 --lr 3e-4 --seed 1 \
 		--init-drafter $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4 --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4-warm1000
+	$(BF16_1000) --sources distill $(FEATURES5) --position-decay 4 --lr 3e-4 --seed 2 --steps 300 \
+		--init-drafter $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4-warm1000 \
+		--out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4-warm1000-warm300
 	$(BF16_1000) --sources fixed,distill --fixed-tokens 9000000 --distill-repeats 3 --steps 0 --epochs 1 --save-every 200 \
 		--out $(RECIPE)/mix10m-1ep-layers2-anchor
 	$(BIN)/dspark heldout $(RECIPE)/* --dtype float32 --out data/results/recipe/heldout.csv
