@@ -130,6 +130,13 @@ BF16_1000 = $(BIN)/dspark train --drafter dspark --head markov --layers 2 --step
 	--shift-anchors --ce-label argmax --selection --dtype bfloat16 --autocast bfloat16 --save-dtype float8
 # Five fused target layers as DeepSpec's configs space them (layer ids 1 to L-3, hidden_states id + 1), a superset of the default 2 15 28.
 FEATURES5 = --feature-layers 2 8 15 21 28
+# dspark-markov's recipe: those flags, five fused layers, DeepSpec's position decay 4 (run DECAY4), then two warm
+# restarts at half the peak rate, each from the run before it with a new seed (other tilings and split): 1,000 steps,
+# then 300. The second ships as dspark-markov.
+MARKOV = $(BF16_1000) --sources distill $(FEATURES5) --position-decay 4
+DECAY4 = $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4
+WARM1000 = --lr 3e-4 --seed 1 --init-drafter $(DECAY4)
+WARM300 = --lr 3e-4 --seed 2 --steps 300 --init-drafter $(DECAY4)-warm1000
 recipe: setup
 	$(SLICE_300K) --sources fixed --epochs 3 --out $(RECIPE)/fixed300k-base
 	$(SLICE_300K) --sources fixed --epochs 3 --layers 2 --out $(RECIPE)/fixed300k-layers2
@@ -163,29 +170,27 @@ recipe: setup
 	$(BF16_1000) --sources fixed,distill --fixed-tokens 9000000 --distill-repeats 3 --out $(RECIPE)/mix10m-1000-layers2-anchor
 	$(BF16_1000) --sources distill --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16
 	$(BF16_1000) --sources distill $(FEATURES5) --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5
-	$(BF16_1000) --sources distill $(FEATURES5) --position-decay 4 --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4
-	$(BF16_1000) --sources distill $(FEATURES5) --position-decay 4 --lr 3e-4 --seed 1 \
-		--init-drafter $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4 --out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4-warm1000
-	$(BF16_1000) --sources distill $(FEATURES5) --position-decay 4 --lr 3e-4 --seed 2 --steps 300 \
-		--init-drafter $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4-warm1000 \
-		--out $(RECIPE)/distill1m-1000-layers2-anchor-bf16-features5-decay4-warm1000-warm300
+	$(MARKOV) --out $(DECAY4)
+	$(MARKOV) $(WARM1000) --out $(DECAY4)-warm1000
+	$(MARKOV) $(WARM300) --out $(DECAY4)-warm1000-warm300
 	$(BF16_1000) --sources fixed,distill --fixed-tokens 9000000 --distill-repeats 3 --steps 0 --epochs 1 --save-every 200 \
 		--out $(RECIPE)/mix10m-1ep-layers2-anchor
 	$(BIN)/dspark heldout $(RECIPE)/* --dtype float32 --out data/results/recipe/heldout.csv
 
 # The shipped drafters for the default target, block 7, weights in float8, all trained on every self-distilled
-# answer (no fixed text); the target in float32 except for dspark-markov. dspark-markov: the command that trained
-# the shipped one (recipe run distill1m-1000-layers2-anchor-bf16-features5-decay4: two layers, 1,000 steps, the
-# anchor feature, shifted tilings, argmax CE labels, five fused layers, position decay 4, target and training in
-# bfloat16), then its calibration, greedy and at T=1 (README, "Training drafters"). dflash: DFlash's published cross-entropy, one layer, the same
+# answer (no fixed text); the target in float32 except for dspark-markov. dspark-markov: the commands that trained
+# the shipped one (MARKOV above: two layers, the anchor feature, shifted tilings, argmax CE labels, five fused layers,
+# position decay 4, target and training in bfloat16; 1,000 steps, then the two warm restarts, 1,000 and 300 steps;
+# about 2 h on 2 cores), then its calibration, greedy and at T=1 (README, "Training drafters"). dflash: DFlash's published cross-entropy, one layer, the same
 # 1,200 steps (dflash-distill1m-1200-ce). eagle (Eagle3's soft labels with decay, one layer) and dspark-rnn
 # (one layer): 600 steps. The draft LM: 4 layers of width 192, 240 steps (about one epoch; the later --steps
 # wins; 7.8 s a step on two AVX2 cores).
-MARKOV = $(BF16_1000) --sources distill $(FEATURES5) --position-decay 4
 EAGLE = $(BIN)/dspark train --drafter eagle --loss eagle3 $(DISTILLED)
 DFLASH = $(BIN)/dspark train --drafter dflash --loss ce $(DISTILLED) $(STEPS_1200)
 train-drafters: setup
-	$(MARKOV) --out $(DRAFTERS)/dspark-markov
+	$(MARKOV) --out $(DECAY4)
+	$(MARKOV) $(WARM1000) --out $(DECAY4)-warm1000
+	$(MARKOV) $(WARM300) --out $(DRAFTERS)/dspark-markov
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov
 	$(BIN)/dspark calibrate --drafter-dir $(DRAFTERS)/dspark-markov --temperature 1
 	$(BIN)/dspark train --drafter dspark --head rnn $(DISTILLED) --out $(DRAFTERS)/dspark-rnn

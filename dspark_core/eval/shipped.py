@@ -31,6 +31,14 @@ def _step_size(config: dict) -> str:
     return f"{config['batch_size']} sequences x {config['blocks_per_seq']} blocks"
 
 
+def _steps_text(config: dict) -> str:
+    """The run's steps (and epochs); a warm start names the run whose weights it started from."""
+    text = f"{config['steps']:,}" + (f" ({config['epochs']:g} epochs)" if config.get("epochs") else "")
+    if config.get("init_drafter"):
+        text += f", from `{Path(config['init_drafter']).name}`"
+    return text
+
+
 def drafter_row(name: str) -> dict[str, str]:
     """One shipped drafter's settings, read from its folder."""
     folder = shipped_drafter(name)
@@ -43,7 +51,7 @@ def drafter_row(name: str) -> dict[str, str]:
         "layers": str(config["layers"]),
         "block": "any" if lm else str(config["block"]),
         "loss": "next-token CE" if lm else config["loss"],
-        "steps": f"{config['steps']:,}" + (f" ({config['epochs']:g} epochs)" if config.get("epochs") else ""),
+        "steps": _steps_text(config),
         "per step": _step_size(config),
         "trained on": _training_text(meta),
         "weights": f"{weights}, {(folder / 'model.safetensors').stat().st_size / 2**20:.1f} MiB",
