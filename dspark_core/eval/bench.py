@@ -207,8 +207,9 @@ PROFILES = {
                 "hf-generate;hf-assisted;hf-prompt-lookup:10",
         n_prompts=1, max_new_tokens=64, dtypes=BOTH_DTYPES,
     ),
+    # every shipped drafter and peer, and prompt lookup in front of dspark-markov (ours), the best dspark configuration
     "full": BenchSettings(
-        methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7;dspark-rnn:7;"
+        methods="ngram:7;oracle:7;draft-lm:4;eagle:7;dflash:7;dspark-markov:7;dspark-markov+ngram:7;dspark-rnn:7;"
                 "hf-generate;hf-assisted;hf-prompt-lookup:10",
         n_prompts=3, max_new_tokens=96, dtypes=BOTH_DTYPES,
     ),
