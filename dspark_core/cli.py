@@ -212,14 +212,19 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     fit, held = rounds.split_by_prompt()
     if min(len(fit.verified), len(held.verified)) < 10:
         raise ValueError(f"Only {len(rounds.verified)} full rounds were collected; pass more --n-prompts.")
-    scaling = cal.fit_sts_with_bias(fit) if args.with_bias else cal.fit_sts(fit)
+    scaling, decision = cal.cross_fit(rounds, cal.fit_sts_with_bias if args.with_bias else cal.fit_sts, args.keep_fit)
     before, after = cal.position_metrics(held), cal.position_metrics(held, scaling)
     diagrams = {k: {"before": cal.reliability(held, k), "after": cal.reliability(held, k, scaling)}
                 for k in range(1, rounds.confidences.shape[1] + 1)}
     path = cal.save_calibration(folder, args.temperature, scaling, {
         "rounds": int(len(rounds.verified)), "prompts": int(len(np.unique(rounds.prompt))),
         "fit_on": "rounds of even-numbered prompts", "scored_on": "rounds of odd-numbered prompts",
-        "before": before, "after": after, "reliability": diagrams})
+        "cross_fit": decision, "before": before, "after": after, "reliability": diagrams})
+    change = ", ".join(f"{c:+.4f} ({d})" for c, d in zip(decision["held_out_brier_change"],
+                                                          decision["brier_change_directions"]))
+    print(f"{decision['fitted']} changes the held-out survival Brier (summed over positions) by {change}: "
+          f"serving {'the fit' if scaling.method != 'none' else 'the raw confidences'}"
+          f"{' (--keep-fit)' if args.keep_fit and not decision['kept'] else ''}")
     print(f"{scaling.method}: position  n     rate   ECE before -> after (floor)   AUC before -> after   "
           "Brier before -> after   T     b")
     for b, a, t, bias in zip(before, after, scaling.temperatures, scaling.biases):
@@ -380,7 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     held.add_argument("--device", default="cpu")
     held.set_defaults(func=cmd_heldout)
 
-    calib = sub.add_parser("calibrate", help="fit Sequential Temperature Scaling for a dspark drafter's confidences")
+    calib = sub.add_parser("calibrate", help="fit Sequential Temperature Scaling for a dspark drafter's confidences, "
+                                                        "served where it beats the raw ones on held-out rounds")
     calib.add_argument("--drafter-dir", default=None, help="dspark drafter folder (default: the shipped dspark-markov)")
     calib.add_argument("--n-prompts", type=int, default=48, help="held-out training prompts to decode")
     calib.add_argument("--gamma", type=int, default=7)
@@ -391,6 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
     calib.add_argument("--seed", type=int, default=0)
     calib.add_argument("--with-bias", action="store_true",
                        help="also fit a per-position bias (sequential Platt scaling; an extension, not the paper's STS)")
+    calib.add_argument("--keep-fit", action="store_true",
+                       help="serve the fit (on the even-prompt half) even when the cross-fit finds it no better than the "
+                            "raw confidences on held-out rounds")
     calib.add_argument("--rounds", default=None,
                        help="refit on saved rounds (the .npz a previous run wrote beside the drafter) instead of decoding")
     calib.add_argument("--model", default=DEFAULT_TARGET)

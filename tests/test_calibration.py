@@ -8,12 +8,14 @@ from dspark_core.decode.calibration import (
     Scaling,
     auc,
     brier,
+    cross_fit,
     ece,
     ece_floor,
     fit_sts,
     fit_sts_with_bias,
     position_metrics,
     reliability,
+    survival_brier,
 )
 
 
@@ -46,6 +48,20 @@ def test_sts_recovers_the_temperature_and_halves_ece():
         assert a["ece"] < 0.5 * b["ece"], (b, a)
         assert a["brier"] <= b["brier"] + 1e-9
     assert after[0]["auc"] == pytest.approx(before[0]["auc"])  # order-preserving at position 1
+
+
+def test_cross_fit_serves_sts_only_where_it_beats_the_raw_confidences_on_held_out_rounds():
+    """A head that is off (real acceptance at temperature 2.5) gets its fit in both directions; a head that is
+    already calibrated, on a thousand rounds as `dspark calibrate` collects, keeps its raw confidences (the fit
+    only follows the noise of its half) unless the fit is asked for."""
+    scaling, decision = cross_fit(synthetic_rounds(n=4000), fit_sts)
+    assert decision["kept"] and scaling.method == "sts" and all(c < 0 for c in decision["held_out_brier_change"])
+    calibrated = synthetic_rounds(n=1000, g=3, true_temperature=1.0)
+    scaling, decision = cross_fit(calibrated, fit_sts)
+    assert not decision["kept"] and scaling.method == "none" and decision["fitted"] == "sts", decision
+    assert survival_brier(calibrated, scaling) == pytest.approx(survival_brier(calibrated))
+    kept, _ = cross_fit(calibrated, fit_sts, keep_fit=True)
+    assert kept.temperatures.tolist() == decision["fitted_temperatures"] != [1.0, 1.0, 1.0]
 
 
 def test_reliability_bins_cover_every_round():

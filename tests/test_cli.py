@@ -109,6 +109,7 @@ def test_calibrate_writes_sts_beside_the_drafter(tmp_path, capsys):
     assert "ECE before -> after" in capsys.readouterr().out
     stored = json.loads((folder / "calibration.json").read_text())["greedy"]
     assert len(stored["temperatures"]) == 3 and len(stored["before"]) == 3
+    assert stored["method"] in ("sts", "none") and stored["cross_fit"]["kept"] == (stored["method"] == "sts")
     assert set(load_calibration(folder)) == {"greedy"}
     # refitting on the saved rounds reproduces the fit without decoding
     (folder / "calibration.json").unlink()

@@ -12,6 +12,11 @@ lower than in the training contexts). :func:`fit_sts_with_bias` also fits a per-
 c_k -> sigma(logit(c_k) / T_k + b_k), with the same left-to-right search: sequential Platt scaling,
 an opt-in extension that is not in the paper.
 
+A fit is served only where it helps: :func:`cross_fit` fits on each half of the rounds (split by prompt),
+scores on the other, and keeps the fit only when it lowers the held-out Brier score in both directions; otherwise
+the raw confidences are served. Our head is trained against the exact soft acceptance and starts near calibrated,
+where a grid search on ECE (itself near its noise floor at a thousand rounds) fits noise.
+
 Calibration is fitted per sampling temperature (greedy and sampled acceptance differ) on held-out
 prompts and saved as ``calibration.json`` beside the drafter, which then applies it when serving.
 """
@@ -19,6 +24,7 @@ prompts and saved as ``calibration.json`` beside the drafter, which then applies
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,9 +91,16 @@ class Scaling:
         t, b = self.temperatures[first : first + n], self.biases[first : first + n]
         return 1.0 / (1.0 + np.exp(-(_logit(confidences) / t + b)))
 
+    @staticmethod
+    def identity(g: int) -> Scaling:
+        """The raw confidences of ``g`` positions, unchanged."""
+        return Scaling(np.ones(g), np.zeros(g))
+
     @property
     def method(self) -> str:
-        return "sts" if not self.biases.any() else "sts+bias"
+        if self.biases.any():
+            return "sts+bias"
+        return "none" if (self.temperatures == 1).all() else "sts"
 
 
 def ece(pred: np.ndarray, label: np.ndarray, bins: int = 15) -> float:
@@ -150,6 +163,34 @@ def fit_sts_with_bias(rounds: Rounds) -> Scaling:
     temperatures are kept in [0.25, 4]: with a free bias, a huge T_k flattens every confidence to the
     base rate, which scores a low ECE but throws away the ranking the scheduler needs (Brier worsens)."""
     return fit_sts(rounds, grid=GRID[(GRID >= 0.25) & (GRID <= 4.0)], biases=BIAS_GRID)
+
+
+def survival_brier(rounds: Rounds, scaling: Scaling | None = None) -> float:
+    """The Brier score of the prefix survival a_k (raw, or rescaled), summed over positions k, each over the
+    rounds that verified k: a proper score, so unlike ECE it needs no bins."""
+    conf = rounds.confidences if scaling is None else scaling(rounds.confidences)
+    survival = np.cumprod(conf, axis=1)
+    total = 0.0
+    for k in range(1, conf.shape[1] + 1):
+        rows, label = rounds.position(k)
+        if rows.any():
+            total += brier(survival[rows, k - 1], label[rows])
+    return total
+
+
+def cross_fit(rounds: Rounds, fit: Callable[[Rounds], Scaling], keep_fit: bool = False) -> tuple[Scaling, dict]:
+    """(the rescaling to serve, the decision). ``fit`` runs on the even-prompt half (the fit that is served)
+    and on the odd one; each is scored on the other half. The fit is served only if it lowers the held-out
+    survival Brier (:func:`survival_brier`) in both directions, or if ``keep_fit``; else the identity (raw
+    confidences)."""
+    even, odd = rounds.split_by_prompt()
+    served = fit(even)
+    changes = [survival_brier(scored, fit_) - survival_brier(scored) for fit_, scored in ((served, odd), (fit(odd), even))]
+    kept = all(change < 0 for change in changes)
+    decision = {"fitted": served.method, "fitted_temperatures": served.temperatures.tolist(),
+                "fitted_biases": served.biases.tolist(), "held_out_brier_change": changes,
+                "brier_change_directions": ["fit even, score odd", "fit odd, score even"], "kept": kept}
+    return (served if kept or keep_fit else Scaling.identity(len(served.temperatures))), decision
 
 
 def ece_floor(pred: np.ndarray, draws: int = 100, seed: int = 0) -> float:
