@@ -165,17 +165,22 @@ def fit_sts_with_bias(rounds: Rounds) -> Scaling:
     return fit_sts(rounds, grid=GRID[(GRID >= 0.25) & (GRID <= 4.0)], biases=BIAS_GRID)
 
 
+def survival_by_position(rounds: Rounds, scaling: Scaling | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per position k = 1..g: (the prefix survival a_k, raw or rescaled, of the rounds that verified k; whether
+    their length-k prefix survived). What every score below compares."""
+    conf = rounds.confidences if scaling is None else scaling(rounds.confidences)
+    survival = np.cumprod(conf, axis=1)
+    out = []
+    for k in range(1, conf.shape[1] + 1):
+        rows, label = rounds.position(k)
+        out.append((survival[rows, k - 1], label[rows]))
+    return out
+
+
 def survival_brier(rounds: Rounds, scaling: Scaling | None = None) -> float:
     """The Brier score of the prefix survival a_k (raw, or rescaled), summed over positions k, each over the
     rounds that verified k: a proper score, so unlike ECE it needs no bins."""
-    conf = rounds.confidences if scaling is None else scaling(rounds.confidences)
-    survival = np.cumprod(conf, axis=1)
-    total = 0.0
-    for k in range(1, conf.shape[1] + 1):
-        rows, label = rounds.position(k)
-        if rows.any():
-            total += brier(survival[rows, k - 1], label[rows])
-    return total
+    return sum((brier(pred, y) for pred, y in survival_by_position(rounds, scaling) if len(pred)), 0.0)
 
 
 def cross_fit(rounds: Rounds, fit: Callable[[Rounds], Scaling], keep_fit: bool = False) -> tuple[Scaling, dict]:
@@ -206,23 +211,15 @@ def ece_floor(pred: np.ndarray, draws: int = 100, seed: int = 0) -> float:
 def position_metrics(rounds: Rounds, scaling: Scaling | None = None) -> list[dict]:
     """Per position k: ECE (and its noise floor, :func:`ece_floor`), AUC and Brier of the survival
     probability a_k (raw, or rescaled)."""
-    conf = rounds.confidences if scaling is None else scaling(rounds.confidences)
-    survival = np.cumprod(conf, axis=1)
-    out = []
-    for k in range(1, conf.shape[1] + 1):
-        rows, label = rounds.position(k)
-        pred, y = survival[rows, k - 1], label[rows]
-        out.append({"k": k, "n": int(rows.sum()), "rate": float(y.mean()) if len(y) else float("nan"),
-                    "ece": ece(pred, y), "ece_floor": ece_floor(pred), "auc": auc(pred, y), "brier": brier(pred, y)})
-    return out
+    return [{"k": k, "n": len(pred), "rate": float(y.mean()) if len(y) else float("nan"),
+             "ece": ece(pred, y), "ece_floor": ece_floor(pred), "auc": auc(pred, y), "brier": brier(pred, y)}
+            for k, (pred, y) in enumerate(survival_by_position(rounds, scaling), start=1)]
 
 
 def reliability(rounds: Rounds, k: int, scaling: Scaling | None = None, bins: int = 10) -> list[dict]:
     """Reliability-diagram data at position k: per bin the mean predicted survival, the observed
     survival rate and the number of rounds."""
-    conf = rounds.confidences if scaling is None else scaling(rounds.confidences)
-    rows, label = rounds.position(k)
-    pred, y = np.cumprod(conf, axis=1)[rows, k - 1], label[rows]
+    pred, y = survival_by_position(rounds, scaling)[k - 1]
     index = np.minimum((pred * bins).astype(int), bins - 1)
     return [{"bin": (b + 0.5) / bins, "predicted": float(pred[index == b].mean()), "observed": float(y[index == b].mean()),
              "count": int((index == b).sum())} for b in range(bins) if (index == b).any()]
