@@ -138,6 +138,17 @@ def test_auto_dtype_reads_the_profile_then_the_hardware(tmp_path, monkeypatch):
     assert chosen == "float32" and "cost profile" in why
 
 
+
+@pytest.mark.parametrize("avx512_bf16, amx, units", [(False, False, ""), (True, False, "+AVX512-BF16"),
+                                                      (False, True, "+AMX"), (True, True, "+AVX512-BF16+AMX")])
+def test_native_bfloat16_and_the_recorded_cpu_units_read_the_same_checks(monkeypatch, avx512_bf16, amx, units):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    assert profile_module.native_bf16("cpu") == bool(units)
+    info = profile_module.machine_info()
+    assert info["cpu_units"] == torch.backends.cpu.get_cpu_capability() + units  # every result file records them
+    assert info["cpu_model"]
+
 def test_profiles_of_two_dtypes_are_measured_interleaved():
     models = [tiny_target(vocab=1024)[0], tiny_target(vocab=1024, dtype=torch.bfloat16)[0]]  # the profile feeds ids < 1000
     fp32, bf16 = measure_profiles(models, (1, 2), context=8, repeats=2, tokens=[1, 3])

@@ -35,12 +35,31 @@ def committed_text(commit: str, path: str) -> str | None:
     return shown.stdout if shown.returncode == 0 else None
 
 
+def cpu_model() -> str:
+    """The CPU's model name as the kernel reports it (``/proc/cpuinfo``), else Python's processor string."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown")
+    except OSError:
+        return platform.processor() or "unknown"
+
+
+def cpu_bf16_units() -> list[str]:
+    """The CPU units that compute bfloat16 natively, of AVX512-BF16 and AMX (empty: oneDNN emulates bfloat16)."""
+    checks = {"AVX512-BF16": getattr(torch.cpu, "_is_avx512_bf16_supported", None),
+              "AMX": getattr(torch.cpu, "_is_amx_tile_supported", None)}
+    return [unit for unit, check in checks.items() if check is not None and check()]
+
+
 def machine_info() -> dict[str, str]:
-    """Host, processor, core count, torch build and threads, accelerator, git commit."""
+    """Host, processor, core count, CPU model and vector units (the widest torch uses, e.g. AVX2 or AVX512, plus
+    the bfloat16 ones), torch build and threads, accelerator, git commit."""
     return {
         "host": platform.node(),
         "processor": platform.processor() or platform.machine(),
         "cpu_count": str(os.cpu_count()),
+        "cpu_model": cpu_model(),
+        "cpu_units": "+".join([torch.backends.cpu.get_cpu_capability(), *cpu_bf16_units()]),
         "torch": torch.__version__,
         "threads": str(torch.get_num_threads()),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none",

@@ -40,10 +40,11 @@ import transformers
 from tqdm.auto import tqdm
 from transformers import DynamicCache, PreTrainedModel, StaticCache
 
-from ..core.provenance import machine_info
+from ..core.provenance import cpu_bf16_units, machine_info
 from ..core.target import cache_dir, dtype_name
 
-MACHINE_KEYS = ("host", "processor", "cpu_count", "torch", "threads", "cuda")
+# what CostProfile.load compares; the CPU model and units tell apart machines that share a host name
+MACHINE_KEYS = ("host", "processor", "cpu_count", "cpu_model", "cpu_units", "torch", "threads", "cuda")
 MODES = ("eager", "static", "graphs")
 SPECULATION_ACCEPTANCE = 0.6  # per-position acceptance at which dtypes are compared for speculative decoding
 
@@ -400,8 +401,7 @@ def native_bf16(device: str = "cpu") -> bool:
     or AMX (elsewhere oneDNN emulates bfloat16, often slower than float32)."""
     if torch.device(device).type == "cuda":
         return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
-    return any(check is not None and check() for check in checks)
+    return bool(cpu_bf16_units())
 
 
 def serving_dtype(device: str = "cpu") -> tuple[str, str]:
