@@ -65,6 +65,10 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     if weight.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"The onednn-packed layout packs float32 or bfloat16 weights, got {weight.dtype}; "
                          f"load the model in one of those or use the 'torch' layout.")
+    if weight.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise ValueError("oneDNN packs bfloat16 weights only on a CPU with AVX512 (BW, VL and DQ) or AVX-NE-CONVERT, "
+                         f"and this one has {torch.backends.cpu.get_cpu_capability()}; use the 'torch' layout, or "
+                         "float32 (where bfloat16 is emulated, float32 is faster anyway).")
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
