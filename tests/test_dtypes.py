@@ -138,7 +138,6 @@ def test_auto_dtype_reads_the_profile_then_the_hardware(tmp_path, monkeypatch):
     assert chosen == "float32" and "cost profile" in why
 
 
-
 @pytest.mark.parametrize("avx512_bf16, amx, units", [(False, False, ""), (True, False, "+AVX512-BF16"),
                                                       (False, True, "+AMX"), (True, True, "+AVX512-BF16+AMX")])
 def test_native_bfloat16_and_the_recorded_cpu_units_read_the_same_checks(monkeypatch, avx512_bf16, amx, units):
@@ -147,7 +146,15 @@ def test_native_bfloat16_and_the_recorded_cpu_units_read_the_same_checks(monkeyp
     assert profile_module.native_bf16("cpu") == bool(units)
     info = profile_module.machine_info()
     assert info["cpu_units"] == torch.backends.cpu.get_cpu_capability() + units  # every result file records them
-    assert info["cpu_model"]
+
+
+def test_a_cost_profile_from_before_the_cpu_was_recorded_is_refused_with_the_reason(tmp_path):
+    profile = combine_dtypes([toy([10, 30, 60, 120], "float32")])
+    profile.machine = {k: v for k, v in profile_module.machine_info().items() if k not in ("cpu_model", "cpu_units")}
+    with pytest.raises(ValueError, match="before profiles recorded cpu_model, cpu_units"):
+        CostProfile.load(profile.save(tmp_path / "old.json"))
+    assert CostProfile.load(tmp_path / "old.json", allow_other_machine=True).machine == profile.machine
+
 
 def test_profiles_of_two_dtypes_are_measured_interleaved():
     models = [tiny_target(vocab=1024)[0], tiny_target(vocab=1024, dtype=torch.bfloat16)[0]]  # the profile feeds ids < 1000

@@ -13,6 +13,7 @@ from dspark_core.core.linear_layout import (
     input_major,
     is_input_major,
     layout_of,
+    pack_weight,
     use_input_major_linears,
     use_packed_linears,
 )
@@ -67,6 +68,13 @@ def test_packed_linears_compute_the_same_logits_over_the_same_parameters():
         assert copied.lm_head.weight is copied.model.embed_tokens.weight and copied.lm_head.packed is not model.lm_head.packed
         torch.testing.assert_close(copied(input_ids=ids).logits, reference.to(torch.bfloat16)(input_ids=ids).logits)
         torch.testing.assert_close(model(input_ids=ids).logits, before, rtol=1e-5, atol=1e-5)  # the original kept
+
+
+def test_packing_bfloat16_where_onednn_cannot_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)  # an AVX2-only CPU
+    with pytest.raises(ValueError, match="AVX512.*'torch' layout"):
+        pack_weight(torch.randn(3, 4, dtype=torch.bfloat16))
+    pack_weight(torch.randn(3, 4))  # float32 still packs
 
 
 def test_a_packed_linear_refuses_to_run_where_gradients_are_wanted():

@@ -39,9 +39,10 @@ def cpu_model() -> str:
     """The CPU's model name as the kernel reports it (``/proc/cpuinfo``), else Python's processor string."""
     try:
         with open("/proc/cpuinfo") as cpuinfo:
-            return next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "unknown")
+            named = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), None)
     except OSError:
-        return platform.processor() or "unknown"
+        named = None
+    return named or platform.processor() or "unknown"
 
 
 def cpu_bf16_units() -> list[str]:

@@ -143,9 +143,12 @@ class CostProfile:
         profile = CostProfile(**json.loads(path.read_text()))
         here = machine_info()
         differs = {k: (profile.machine.get(k), here[k]) for k in MACHINE_KEYS if profile.machine.get(k) != here[k]}
+        unrecorded = [k for k in MACHINE_KEYS if k not in profile.machine]
         if differs and not allow_other_machine:
-            raise ValueError(f"The cost profile {path} was measured on another machine ({differs}); measure this "
-                             "one with `dspark profile`, or pass allow_other_machine=True knowingly.")
+            where = (f"was measured before profiles recorded {', '.join(unrecorded)}, so it may be another machine's"
+                     if unrecorded else f"was measured on another machine ({differs})")
+            raise ValueError(f"The cost profile {path} {where}; measure this one with `dspark profile`, or pass "
+                             "allow_other_machine=True knowingly.")
         return profile
 
 
