@@ -67,7 +67,8 @@ lab: setup
 	$(BIN)/jupyter lab notebooks
 
 # Re-publish every notebook: execute it at its full-size defaults in place, figures embedded and also written
-# as PNGs to figures/, which git does not track (about 1 h on 2 cores; run on a quiet machine, the notebooks
+# as PNGs to figures/, which git does not track; the embedded ones are stored as 256-colour PNGs, a third of the
+# size, so the checkout stays under 56 MiB (about 1 h on 2 cores; run on a quiet machine, the notebooks
 # time things). NB=05_scheduling publishes one;
 # NB_PARAMS="-p torch_threads 2" passes parameters to every notebook (each has torch_threads).
 # A run with your own parameters belongs elsewhere: papermill notebooks/X.ipynb out.ipynb -p ... writes its
@@ -77,7 +78,7 @@ notebooks: setup
 	mkdir -p notebooks/executed
 	cd notebooks && for nb in $(NB); do \
 		../$(BIN)/papermill $$nb.ipynb executed/$$nb.ipynb --cwd . -p figures_dir figures $(NB_PARAMS) \
-			&& mv executed/$$nb.ipynb $$nb.ipynb || exit 1; done
+			&& mv executed/$$nb.ipynb $$nb.ipynb && ../$(BIN)/python -m dspark_core.eval.notebook $$nb.ipynb || exit 1; done
 
 # The engine soak at scale: 2,000 requests of up to 160 + 96 tokens, 16 at a time, under fixed lengths and
 # the hardware-aware scheduler (about 5 minutes on 2 cores; `make test` runs 200). Prints its figures.

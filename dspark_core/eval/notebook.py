@@ -1,9 +1,15 @@
 """What the notebooks' set-up cells share: parameter checks whose errors say what to change, the
-repository root (papermill may start the kernel in ``notebooks/`` or at the root) and where figures go."""
+repository root (papermill may start the kernel in ``notebooks/`` or at the root) and where figures go;
+and, for ``make notebooks``, the published notebooks' embedded figures stored as 256-colour PNGs
+(``python -m dspark_core.eval.notebook NOTEBOOK...``), a third of their size, so the checkout stays small."""
 
 from __future__ import annotations
 
 import ast
+import base64
+import io
+import json
+import sys
 from pathlib import Path
 
 from ..core.paths import REPO_ROOT
@@ -69,3 +75,45 @@ def figures_folder(figures_dir: str | None, root: Path, notebook: str) -> Path:
         folder = root / PUBLISHED_FIGURES / "runs" / f"{notebook}-{timestamp()}"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def palette_png(png: bytes, colours: int = 256) -> bytes:
+    """The image re-encoded as a PNG of at most ``colours`` colours (median cut; any transparency flattened
+    onto white); plots hold few colours, so only anti-aliased edges shift slightly. A palette PNG comes
+    back as it is."""
+    from PIL import Image  # installed with matplotlib, which the notebooks need
+
+    image = Image.open(io.BytesIO(png))
+    if image.mode == "P":
+        return png
+    opaque = Image.alpha_composite(Image.new("RGBA", image.size, "white"), image.convert("RGBA")).convert("RGB")
+    image = opaque.quantize(colours, method=Image.Quantize.MEDIANCUT)
+    out = io.BytesIO()
+    image.save(out, "PNG", optimize=True)
+    return out.getvalue()
+
+
+def palette_figures(notebook: Path) -> tuple[int, int]:
+    """Rewrite every embedded PNG output of ``notebook`` with :func:`palette_png`, in place, keeping a figure
+    as it was where that would not shrink it (a second pass changes nothing); returns the PNG bytes
+    before and after."""
+    content = json.loads(Path(notebook).read_text())
+    before = after = 0
+    for cell in content["cells"]:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            if "image/png" not in data:
+                continue
+            png = base64.b64decode(data["image/png"])
+            smaller = palette_png(png)
+            if len(smaller) < len(png):
+                data["image/png"] = base64.b64encode(smaller).decode("ascii")
+            before, after = before + len(png), after + min(len(png), len(smaller))
+    Path(notebook).write_text(json.dumps(content, indent=1, ensure_ascii=False))  # as nbformat writes it
+    return before, after
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:]:
+        old, new = palette_figures(Path(path))
+        print(f"{path}: embedded figures {old / 1e6:.2f} MB -> {new / 1e6:.2f} MB (256-colour PNGs)")
