@@ -98,8 +98,11 @@ data: setup
 DRAFTERS := data/drafters/smollm2-135m-instruct
 RECIPE := $(DRAFTERS)/recipe
 
-# The flags of every run on all the self-distilled answers: the recipe runs and the shipped drafters.
-DISTILLED = --sources distill --steps 600 --save-every 60 --selection --dtype float32 --autocast float32 --save-dtype float8
+# Every recipe run and shipped drafter trained on the first 4 chunks of self-distilled answers (5,248 turns, 1,009,250
+# response tokens; data fingerprint c446e2f10a72e2fa): packing appends chunks, so this pin keeps their data fixed.
+SNAPSHOT = --distill-chunks 4
+# The flags of every run on all the self-distilled answers of that snapshot: the recipe runs and the shipped drafters.
+DISTILLED = --sources distill $(SNAPSHOT) --steps 600 --save-every 60 --selection --dtype float32 --autocast float32 --save-dtype float8
 
 # The recipe, chosen on held-out acceptance (the selection set: the last 24 records of every evaluation
 # set, answered greedily by the float32 target; `dspark heldout`), never on the training split. These are
@@ -127,8 +130,8 @@ ON_DISTILLED = $(BIN)/dspark train $(DISTILLED)
 # The longer schedule: the same flags stretched over 1,200 steps (the later --steps and --save-every win).
 STEPS_1200 = --steps 1200 --save-every 120
 # The 10M-token run and its control on the distilled answers alone: the same flags, the target and training in bfloat16.
-BF16_1000 = $(BIN)/dspark train --drafter dspark --head markov --layers 2 --steps 1000 --save-every 100 --anchor-feature \
-	--shift-anchors --ce-label argmax --selection --dtype bfloat16 --autocast bfloat16 --save-dtype float8
+BF16_1000 = $(BIN)/dspark train $(SNAPSHOT) --drafter dspark --head markov --layers 2 --steps 1000 --save-every 100 \
+	--anchor-feature --shift-anchors --ce-label argmax --selection --dtype bfloat16 --autocast bfloat16 --save-dtype float8
 # Five fused target layers as DeepSpec's configs space them (layer ids 1 to L-3, hidden_states id + 1), a superset of the default 2 15 28.
 FEATURES5 = --feature-layers 2 8 15 21 28
 # dspark-markov's recipe: those flags, five fused layers, DeepSpec's position decay 4 (run DECAY4), then two warm
@@ -143,8 +146,8 @@ recipe: setup
 	$(SLICE_300K) --sources fixed --epochs 3 --layers 2 --out $(RECIPE)/fixed300k-layers2
 	$(SLICE_300K) --sources fixed --epochs 3 --anchor-feature --out $(RECIPE)/fixed300k-anchor
 	$(SLICE_300K) --sources fixed --epochs 3 --ce-label argmax --out $(RECIPE)/fixed300k-ce-argmax
-	$(SLICE_300K) --sources distill --epochs 3 --out $(RECIPE)/distill300k-base
-	$(SLICE_300K) --sources distill --epochs 8 --out $(RECIPE)/distill300k-8ep
+	$(SLICE_300K) --sources distill $(SNAPSHOT) --epochs 3 --out $(RECIPE)/distill300k-base
+	$(SLICE_300K) --sources distill $(SNAPSHOT) --epochs 8 --out $(RECIPE)/distill300k-8ep
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 2 --out $(RECIPE)/distill1m-600-layers2
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 1 --out $(RECIPE)/distill1m-600
 	$(ON_DISTILLED) --drafter dspark --head markov --layers 3 --out $(RECIPE)/distill1m-600-layers3

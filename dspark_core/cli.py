@@ -267,8 +267,11 @@ def cmd_train(args: argparse.Namespace) -> None:
         bf16=args.autocast == "bfloat16" or (args.autocast == "auto" and native_bf16(args.device)), save_dtype=args.save_dtype,
     )
     model, tokenizer = load_target(args.model, dtype=_serving_dtype(args.dtype, args.device), device=args.device)
-    sequences = training_sequences(tokenizer, tuple(args.sources.split(",")), args.max_tokens, args.seed,
-                                   args.fixed_tokens)
+    sources = tuple(args.sources.split(","))
+    if args.distill_chunks is not None and "distill" not in sources:
+        raise ValueError(f"--distill-chunks pins the self-distilled answers, but --sources {args.sources} has no distill")
+    sequences = training_sequences(tokenizer, sources, args.max_tokens, args.seed, args.fixed_tokens,
+                                   distill_chunks=args.distill_chunks)
     print(f"training text: {len(sequences):,} sequences, {sequences.total_tokens:,} tokens, "
           f"{sequences.span_tokens:,} in spans; mix {json.dumps(sequences.counts())}")
     on_save = None
@@ -476,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--max-tokens", type=int, default=None, help="a seeded random subset of about N tokens of the text")
     trn.add_argument("--fixed-tokens", type=int, default=None,
                      help="about N tokens of fixed-text conversations (a seeded subset), with every distilled answer")
+    trn.add_argument("--distill-chunks", type=int, default=None,
+                     help="train on the first N chunks of self-distilled answers (data/distill/.../meta.json lists them; "
+                          "packing only appends chunks, so N pins a run's data); default: every chunk")
     trn.add_argument("--distill-repeats", type=int, default=tc.distill_repeats,
                      help="times each self-distilled answer is visited per epoch (fixed text once): the mix's weight")
     trn.add_argument("--top-k", type=int, default=16, help="target probabilities stored per position")

@@ -330,6 +330,46 @@ def test_interrupted_distillation_resumes_to_the_same_answers(distilled, target,
     assert distill.load(tokenizer, out).fingerprint() == distill.load(tokenizer, distilled).fingerprint()
 
 
+def test_packing_appends_chunks_and_a_pinned_snapshot_never_changes(target, tmp_path):
+    model, tokenizer = target
+    prompts, out = _prompt_file(tmp_path), tmp_path / "out"
+    settings = distill.DistillSettings(max_new_tokens=2, batch_size=4, chunk_size=2)
+    distill.generate(model, tokenizer, RECORDS, out, settings)
+    distill.pack(model, tokenizer, RECORDS[1:], prompts, out, settings)  # the two-turn record waits in parts.jsonl
+    first_chunk = (out / "responses-000.safetensors").read_bytes()
+    snapshot = distill.load(tokenizer, out)
+    assert snapshot.ids == ["math#1", "code#1"]
+    assert [list(b["answers"]) for b in read_jsonl(out / "parts.jsonl")] == [["two-turns"], ["two-turns"]]
+
+    distill.pack(model, tokenizer, RECORDS, prompts, out, settings)
+    meta_text = (out / "meta.json").read_text()
+    meta = json.loads(meta_text)
+    assert not (out / "parts.jsonl").exists()
+    assert (out / "responses-000.safetensors").read_bytes() == first_chunk
+    assert meta["chunks"] == ["responses-000.safetensors", "responses-001.safetensors"] and meta["chunk_answers"] == [2, 2]
+    assert [p["chunks"] for p in meta["packs"]] == [["responses-000.safetensors"], ["responses-001.safetensors"]]
+    assert meta["complete"] and meta["turns_answered"] == 4
+    pinned, everything = distill.load(tokenizer, out, chunks=1), distill.load(tokenizer, out)
+    assert pinned.fingerprint() == snapshot.fingerprint()
+    counts = ("response_tokens", "response_tokens_by_domain", "turns_answered", "ended_with_eos", "target_dtypes", "packs")
+    assert {k: pinned.meta["distill"][k] for k in counts} == {k: snapshot.meta["distill"][k] for k in counts}
+    assert pinned.meta["distill"]["chunks"] == ["responses-000.safetensors"] and not pinned.meta["distill"]["complete"]
+    assert everything.ids == ["math#1", "code#1", "two-turns#1", "two-turns#2"]
+    assert everything.meta["distill"]["response_tokens"] == meta["response_tokens"] == everything.span_tokens
+
+    distill.pack(model, tokenizer, RECORDS, prompts, out, settings)  # nothing new: nothing changes
+    assert (out / "meta.json").read_text() == meta_text and len(list(out.glob("responses-*"))) == 2
+    with pytest.raises(ValueError, match="--distill-chunks must be 1 to 2"):
+        distill.load(tokenizer, out, chunks=3)
+    with pytest.raises(ValueError, match="temperature"):
+        distill.pack(model, tokenizer, RECORDS, prompts, out, distill.DistillSettings(temperature=1.0, chunk_size=2))
+
+
+def test_train_refuses_a_distill_pin_without_distilled_text(tmp_path, capsys):
+    assert cli.main(["train", "--sources", "fixed", "--distill-chunks", "2", "--out", str(tmp_path)]) == 2
+    assert "--distill-chunks pins the self-distilled answers, but --sources fixed has no distill" in capsys.readouterr().err
+
+
 def test_load_refuses_a_changed_prompt_file(target, tmp_path):
     model, tokenizer = target
     prompts, out = _prompt_file(tmp_path), tmp_path / "out"

@@ -7,10 +7,12 @@ length (:func:`answer_batch`: a pre-allocated KV cache, finished rows dropped as
 over the few hundred most likely tokens), and every finished batch is appended to ``parts.jsonl``,
 so an interrupted run resumes where it stopped (a line torn by a crash is detected and dropped).
 
-``pack`` writes everything answered so far as compact token ids: ``responses-NNN.safetensors``
-chunks (uint16 when the vocabulary fits) and ``meta.json`` (ids, turns, sampling settings, target
-fingerprint, counts). Prompt ids are not stored: :func:`load` rebuilds them from the prompt file and
-the earlier answers with the chat template. Only the packed files are committed.
+``pack`` appends everything answered since the last pack as compact token ids: new
+``responses-NNN.safetensors`` chunks (uint16 when the vocabulary fits; a packed chunk is never
+rewritten) and ``meta.json`` (ids, turns, sampling settings, target fingerprint, counts, which pack
+wrote which chunks on which machine). Prompt ids are not stored: :func:`load` rebuilds them from the
+prompt file and the earlier answers with the chat template, from every chunk or from the first N (a
+training run pinned to the data it was trained on). Only the packed files are committed.
 
 Recipe (DSpark paper, 3.3): temperature 0.7, top-p 0.8.
 """
@@ -144,7 +146,7 @@ def _answered(out_dir: Path) -> tuple[dict[tuple[str, int], list[int]], dict[tup
     if (out_dir / "meta.json").is_file():
         meta = json.loads((out_dir / "meta.json").read_text())
         keys = list(zip(meta["ids"], meta["turns"]))
-        done.update(zip(keys, _read_chunks(out_dir, meta)))
+        done.update(zip(keys, _packed_answers(out_dir, meta)))
         dtypes.update(zip(keys, meta.get("dtypes") or [meta["target_dtype"]] * len(keys)))  # packed before dtypes were kept
     for batch in read_jsonl(out_dir / "parts.jsonl"):  # one line per batch: a batch is saved whole or not at all
         done.update({(i, batch["turn"]): answer for i, answer in batch["answers"].items()})
@@ -190,16 +192,35 @@ def generate(
     return parts
 
 
-def _read_chunks(out_dir: Path, meta: dict) -> list[list[int]]:
+def _read_chunks(out_dir: Path, names: list[str]) -> list[list[int]]:
+    """Every answer of the chunk files ``names``, in order."""
     answers = []
-    for name in meta["chunks"]:
+    for name in names:
         arrays = load_file(str(out_dir / name))
         tokens, offsets = arrays["tokens"].astype(np.int64), arrays["offsets"]
         answers += [tokens[a:b].tolist() for a, b in zip(offsets[:-1], offsets[1:])]
-    if len(answers) != len(meta["ids"]):
-        raise ValueError(f"{out_dir}: the chunks hold {len(answers)} answers, meta.json lists {len(meta['ids'])}; "
+    return answers
+
+
+def _packed_answers(out_dir: Path, meta: dict, chunks: int | None = None) -> list[list[int]]:
+    """The answers of the first ``chunks`` chunks (all when None), checked against ``meta.json``'s lists."""
+    names = meta["chunks"] if chunks is None else meta["chunks"][:chunks]
+    answers = _read_chunks(out_dir, names)
+    expected = len(meta["ids"]) if chunks is None else sum(meta["chunk_answers"][:chunks])
+    if len(answers) != expected:
+        raise ValueError(f"{out_dir}: the chunks hold {len(answers)} answers, meta.json lists {expected}; "
                          "re-run `dspark data pack`.")
     return answers
+
+
+def answer_counts(domains: list[str], dtypes: list[str], answers: list[list[int]], eos: list[int]) -> dict:
+    """The counts ``meta.json`` records about packed answers (and a snapshot of them reports)."""
+    by_domain: dict[str, int] = {}
+    for domain, answer in zip(domains, answers):
+        by_domain[domain] = by_domain.get(domain, 0) + len(answer)
+    return {"target_dtypes": dict(Counter(dtypes)), "turns_answered": len(answers),
+            "response_tokens": sum(len(a) for a in answers), "response_tokens_by_domain": by_domain,
+            "ended_with_eos": sum(1 for a in answers if a and a[-1] in eos)}
 
 
 def pack(
@@ -210,57 +231,94 @@ def pack(
     out_dir: Path = DISTILL_DIR,
     settings: DistillSettings = DistillSettings(),
 ) -> Path:
-    """Write every answered turn (in prompt-file order) as token-id chunks plus ``meta.json``.
+    """Append every answered turn that is not packed yet (in prompt-file order) as new token-id chunks,
+    and rewrite ``meta.json`` to list them after the earlier ones.
 
-    A turn is packed only when every earlier turn of its record is, so the packed data always
-    rebuilds its own prompts."""
+    Packed chunks are never rewritten, so the first N chunks always hold the same answers: a training run
+    pinned to them (``--distill-chunks N``) reads the same text after later answers are packed. A turn is
+    packed only when every earlier turn of its record is, so the first N chunks always rebuild their own
+    prompts. Answers that cannot be packed yet stay in ``parts.jsonl``."""
+    meta_path = out_dir / "meta.json"
+    old = json.loads(meta_path.read_text()) if meta_path.is_file() else None
+    if old is not None:
+        _check_same_run(old, model, tokenizer, prompt_file, settings, out_dir)
     done, dtypes = _answered(out_dir)
-    keys = []
+    packed = set(zip(old["ids"], old["turns"])) if old else set()
+    new = []
     for r in records:
         for turn in range(1, len(r["turns"]) + 1):
             if (r["id"], turn) not in done:
                 break
-            keys.append((r["id"], turn, r["domain"]))
-    answers = [done[(i, t)] for i, t, _ in keys]
+            if (r["id"], turn) not in packed:
+                new.append((r["id"], turn, r["domain"]))
     vocab = model.get_output_embeddings().weight.shape[0]
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
-    for old in out_dir.glob("responses-*.safetensors"):
-        old.unlink()
-    chunks = []
-    for c, start in enumerate(range(0, len(answers), settings.chunk_size)):
-        part = answers[start : start + settings.chunk_size]
-        name = f"responses-{c:03d}.safetensors"
+    chunks, chunk_answers = (old["chunks"], old["chunk_answers"]) if old else ([], [])
+    added = []
+    for start in range(0, len(new), settings.chunk_size):
+        part = [done[(i, t)] for i, t, _ in new[start : start + settings.chunk_size]]
+        name = f"responses-{len(chunks) + len(added):03d}.safetensors"
         save_file({"tokens": np.array([t for a in part for t in a], dtype=dtype),
                    "offsets": np.cumsum([0] + [len(a) for a in part]).astype(np.int64)}, str(out_dir / name))
-        chunks.append(name)
-    eos = eos_token_ids(model, tokenizer)
-    domains: dict[str, int] = {}
-    for (_, _, domain), answer in zip(keys, answers):
-        domains[domain] = domains.get(domain, 0) + len(answer)
+        added.append(name)
+        chunk_answers = chunk_answers + [len(part)]
+    keys = (list(zip(old["ids"], old["turns"], old["domains"])) if old else []) + new
+    key_dtypes = (old["dtypes"] if old else []) + [dtypes[(i, t)] for i, t, _ in new]
+    answers = [done[(i, t)] for i, t, _ in keys]
+    eos = list(eos_token_ids(model, tokenizer))
+    packs = (old["packs"] if old else []) + ([{"chunks": added, "machine": machine_info()}] if added else [])
     meta = {
         "target_fingerprint": target_fingerprint(model, tokenizer),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "target_dtypes": dict(Counter(dtypes[(i, t)] for i, t, _ in keys)),
         "prompt_file": _display_path(prompt_file),
         "prompt_file_sha256": file_sha256(prompt_file),
         "settings": asdict(settings),
+        "eos_token_ids": eos,
         "turns_total": sum(len(r["turns"]) for r in records),
-        "turns_answered": len(keys),
         "complete": len(keys) == sum(len(r["turns"]) for r in records),
-        "response_tokens": sum(len(a) for a in answers),
-        "response_tokens_by_domain": domains,
-        "ended_with_eos": sum(1 for a in answers if a and a[-1] in eos),
-        "chunks": chunks,
+        **answer_counts([d for _, _, d in keys], key_dtypes, answers, eos),
+        "chunks": chunks + added,
+        "chunk_answers": chunk_answers,
+        "packs": packs,  # which pack wrote which chunks, on which machine
+        "machine": packs[-1]["machine"] if packs else machine_info(),  # of the last pack that wrote chunks
         "ids": [i for i, _, _ in keys],
         "turns": [t for _, t, _ in keys],
         "domains": [d for _, _, d in keys],
-        "dtypes": [dtypes[(i, t)] for i, t, _ in keys],
-        "machine": machine_info(),
+        "dtypes": key_dtypes,
         "command": "dspark data generate && dspark data pack",
     }
-    (out_dir / "meta.json").write_text(json.dumps(meta, indent=1))
-    (out_dir / "parts.jsonl").unlink(missing_ok=True)  # everything in it is packed now
-    return out_dir / "meta.json"
+    meta_path.write_text(json.dumps(meta, indent=1))
+    _keep_unpacked_parts(out_dir, set((i, t) for i, t, _ in keys))
+    return meta_path
+
+
+def _check_same_run(old: dict, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_file: Path,
+                    settings: DistillSettings, out_dir: Path) -> None:
+    """New chunks extend the packed ones only when they answer the same prompts with the same target and
+    sampling settings; raises ValueError naming what differs."""
+    now = {"target_fingerprint": target_fingerprint(model, tokenizer), "prompt_file_sha256": file_sha256(prompt_file),
+           "settings": asdict(settings)}
+    differ = [f"{key} {old.get(key)!r} (packed) vs {value!r}" for key, value in now.items() if old.get(key) != value]
+    if differ:
+        raise ValueError(f"{out_dir} holds answers packed with other inputs: " + "; ".join(differ)
+                         + ". Pass the settings it was made with, or pack into another --out-dir.")
+    for key in ("chunk_answers", "packs"):
+        if key not in old:
+            raise ValueError(f"{out_dir}/meta.json predates append-only packing (no {key!r}); "
+                             "re-run `dspark data pack` with the code of that time, or pack into another --out-dir.")
+
+
+def _keep_unpacked_parts(out_dir: Path, packed: set[tuple[str, int]]) -> None:
+    """Rewrite ``parts.jsonl`` with only the answers not packed (deleting it when none is left)."""
+    parts = out_dir / "parts.jsonl"
+    rest = []
+    for batch in read_jsonl(parts):
+        answers = {i: a for i, a in batch["answers"].items() if (i, batch["turn"]) not in packed}
+        if answers:
+            rest.append({**batch, "answers": answers})
+    parts.unlink(missing_ok=True)
+    if rest:
+        append_jsonl(parts, rest)
 
 
 def _display_path(path: Path) -> str:
@@ -269,10 +327,11 @@ def _display_path(path: Path) -> str:
     return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
 
 
-def load(tokenizer: PreTrainedTokenizerBase, out_dir: Path = DISTILL_DIR) -> Sequences:
+def load(tokenizer: PreTrainedTokenizerBase, out_dir: Path = DISTILL_DIR, chunks: int | None = None) -> Sequences:
     """Packed answers as training sequences (prompt ids rebuilt with the chat template; the span a
-    drafter learns is the answer). Raises a clear error when the data is missing, inconsistent, or
-    was made with another tokenizer or prompt file."""
+    drafter learns is the answer): every chunk, or the first ``chunks`` (a snapshot that later packs
+    leave unchanged; its counts in the sequences' meta are the snapshot's). Raises a clear error when
+    the data is missing, inconsistent, or was made with another tokenizer or prompt file."""
     meta_path = out_dir / "meta.json"
     if not meta_path.is_file():
         raise FileNotFoundError(f"No distillation data in {out_dir}: run `dspark data generate` then `dspark data pack`.")
@@ -280,11 +339,16 @@ def load(tokenizer: PreTrainedTokenizerBase, out_dir: Path = DISTILL_DIR) -> Seq
     if meta["tokenizer_fingerprint"] != tokenizer_fingerprint(tokenizer):
         raise ValueError(f"{out_dir} was made with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, "
                          f"this target's is {tokenizer_fingerprint(tokenizer)}); generate data for this target.")
+    if chunks is not None and not 1 <= chunks <= len(meta["chunks"]):
+        raise ValueError(f"{out_dir} holds {len(meta['chunks'])} chunks of answers; --distill-chunks must be 1 to "
+                         f"{len(meta['chunks'])} (or left out: all), got {chunks}")
     prompt_file = REPO_ROOT / meta["prompt_file"] if not Path(meta["prompt_file"]).is_absolute() else Path(meta["prompt_file"])
     if file_sha256(prompt_file) != meta["prompt_file_sha256"]:
         raise ValueError(f"{prompt_file} changed since {out_dir} was packed; re-run `dspark data generate`.")
     records = {r["id"]: r for r in load_prompt_set(prompt_file)}
-    answers = dict(zip(zip(meta["ids"], meta["turns"]), _read_chunks(out_dir, meta)))
+    snapshot = _packed_answers(out_dir, meta, chunks)
+    n = len(snapshot)
+    answers = dict(zip(zip(meta["ids"][:n], meta["turns"][:n]), snapshot))
     tokens, spans, names = [], [], []
     for record_id, turn in answers:
         prompt = encode_prompt(tokenizer, turn_messages(records[record_id], turn, answers, tokenizer)).numpy()
@@ -292,5 +356,10 @@ def load(tokenizer: PreTrainedTokenizerBase, out_dir: Path = DISTILL_DIR) -> Seq
         tokens.append(np.concatenate([prompt, answer]).astype(np.int32))
         spans.append([(len(prompt), len(prompt) + len(answer))])
         names.append(f"{record_id}#{turn}")
-    return Sequences(names, [f"distill:{d}" for d in meta["domains"]], tokens, spans,
-                     {"distill": {k: v for k, v in meta.items() if k not in ("ids", "turns", "domains", "dtypes")}})
+    names_read = meta["chunks"][: chunks or len(meta["chunks"])]
+    summary = {k: v for k, v in meta.items() if k not in ("ids", "turns", "domains", "dtypes", "chunk_answers")}
+    summary.update(answer_counts(meta["domains"][:n], meta["dtypes"][:n], snapshot, meta["eos_token_ids"]),
+                   complete=n == meta["turns_total"], chunks=names_read,
+                   packs=[p for p in meta["packs"] if set(p["chunks"]) & set(names_read)])
+    summary["machine"] = summary["packs"][-1]["machine"]
+    return Sequences(names, [f"distill:{d}" for d in meta["domains"][:n]], tokens, spans, {"distill": summary})

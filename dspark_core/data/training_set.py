@@ -177,10 +177,12 @@ SOURCES = ("fixed", "distill")
 
 
 def training_sequences(tokenizer, sources: tuple[str, ...] = SOURCES, max_tokens: int | None = None,
-                       seed: int = 0, fixed_tokens: int | None = None, max_tokens_per_conversation: int = 1536) -> Sequences:
+                       seed: int = 0, fixed_tokens: int | None = None, max_tokens_per_conversation: int = 1536,
+                       distill_chunks: int | None = None) -> Sequences:
     """The training text, in a fixed order: fixed-text conversations (a seeded random subset of about
-    ``fixed_tokens`` when given) and/or every packed self-distilled answer; with ``max_tokens``, a
-    seeded random subset of about that many tokens of the whole."""
+    ``fixed_tokens`` when given) and/or the packed self-distilled answers (every chunk, or the first
+    ``distill_chunks``: the snapshot a run is pinned to); with ``max_tokens``, a seeded random subset of
+    about that many tokens of the whole."""
     unknown = set(sources) - set(SOURCES)
     if unknown or not sources:
         raise ValueError(f"sources must be a non-empty subset of {SOURCES}, got {sources}")
@@ -189,7 +191,7 @@ def training_sequences(tokenizer, sources: tuple[str, ...] = SOURCES, max_tokens
         parts.append(_about(fixed_conversations(tokenizer, conversation_ids(), load_conversations, max_tokens_per_conversation),
                             fixed_tokens, seed))
     if "distill" in sources:
-        parts.append(distill.load(tokenizer))
+        parts.append(distill.load(tokenizer, chunks=distill_chunks))
     return _about(parts[0] if len(parts) == 1 else parts[0] + parts[1], max_tokens, seed)
 
 
