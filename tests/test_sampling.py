@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from dspark_core import SamplingConfig, probs_from_logits
+from dspark_core.core.sampling import sample_from_logits
 
 
 def test_greedy_is_one_hot_on_first_argmax():
@@ -34,3 +35,39 @@ def test_top_p_keeps_smallest_set_reaching_mass():
 def test_invalid_sampling_config(kwargs):
     with pytest.raises(ValueError):
         SamplingConfig(**kwargs)
+
+
+def _chi_square_p(tokens: torch.Tensor, probs: torch.Tensor) -> float:
+    """p-value of the observed token counts against ``probs`` (support of ``probs`` only; a draw outside it fails)."""
+    from scipy.stats import chisquare
+
+    counts = torch.bincount(tokens, minlength=len(probs)).double()
+    support = probs > 0
+    assert counts[~support].sum() == 0, f"drew tokens outside the support: {counts[~support].nonzero().flatten().tolist()}"
+    expected = probs[support].double() / probs[support].double().sum()
+    return chisquare(counts[support].numpy(), (expected * len(tokens)).numpy()).pvalue
+
+
+@pytest.mark.parametrize("row", ["nucleus inside the candidates", "nucleus beyond them (full distribution)"])
+def test_sampling_among_candidates_has_the_law_of_probs_from_logits(row):
+    # 64 tokens, 8 candidates. Peaked: 0.4, 0.3, 0.2 hold 0.9 >= top_p 0.85, the nucleus is those three (the mass
+    # ranked before the 0.06 token is 0.9). Flat: the top 8 hold 1/8, so the row falls back to the whole vocabulary.
+    base = torch.full((64,), 0.04 / 60)
+    base[[5, 17, 40, 2]] = torch.tensor([0.4, 0.3, 0.2, 0.06])
+    logits = (base.log() if row.startswith("nucleus inside") else torch.zeros(64)) * 0.7
+    config = SamplingConfig(0.7, top_p=0.85)
+    draws = 40_000
+    generator = torch.Generator().manual_seed(0)
+    tokens = sample_from_logits(logits.expand(draws, 64), config, generator, candidates=8)
+    expected = probs_from_logits(logits, config)
+    assert _chi_square_p(tokens, expected) > 1e-3  # a wrong law of this size fails by hundreds of sigmas
+    if row.startswith("nucleus inside"):
+        assert sorted(tokens.unique().tolist()) == [5, 17, 40]
+
+
+def test_sampling_among_candidates_is_seeded_and_greedy_is_the_argmax():
+    logits = torch.randn(32, 1000, generator=torch.Generator().manual_seed(1)) * 4
+    config = SamplingConfig(0.7, top_p=0.8)
+    first = sample_from_logits(logits, config, torch.Generator().manual_seed(3))
+    assert torch.equal(first, sample_from_logits(logits, config, torch.Generator().manual_seed(3)))
+    assert torch.equal(sample_from_logits(logits, SamplingConfig(0.0)), logits.argmax(-1))

@@ -5,6 +5,7 @@ import importlib.util
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 from safetensors.numpy import load_file
@@ -487,3 +488,17 @@ def test_feature_store_refuses_an_over_budget_build(target, sequences, tmp_path)
     with pytest.raises(ValueError, match="GB"):
         features.build_feature_store(model, tokenizer, sequences, SPEC, root=tmp_path, max_gb=1e-6)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.slow  # loads the default target
+def test_answering_throughput_writes_every_path_side_by_side(tmp_path):
+    from dspark_core.eval import throughput
+
+    out = throughput.main(["--prompts", "2", "--max-new-tokens", "2", "--batch-size", "2", "--repeats", "1",
+                           "--out", str(tmp_path / "rates.csv")])
+    rates = pd.read_csv(out)
+    assert rates["variant"].tolist() == ["model.generate, batch 32, float32 (before)",
+                                         "answer_batch, batch 2, float32, drawn over the whole vocabulary (before)",
+                                         "answer_batch, batch 2, float32"]
+    assert (rates["rate"] > 0).all() and rates["x first row of its stage"].iloc[0] == 1.0
+    assert {"cpu_units", "git_commit", "load_average"} <= set(rates.columns)

@@ -4,7 +4,7 @@
 :mod:`.training_set`) turn by turn: all first turns, then the second turns with the target's own
 first answers in the context, and so on. Answers are sampled in batches of prompts of similar
 length (:func:`answer_batch`: a pre-allocated KV cache, finished rows dropped as they end, top-p
-over the few hundred most likely tokens), and every finished batch is appended to ``parts.jsonl``,
+sampled among the few hundred most likely tokens), and every finished batch is appended to ``parts.jsonl``,
 so an interrupted run resumes where it stopped (a line torn by a crash is detected and dropped).
 
 ``pack`` appends everything answered since the last pack as compact token ids: new
@@ -37,7 +37,7 @@ from ..core.jsonl import append_jsonl, read_jsonl
 from ..core.paths import REPO_ROOT
 from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
-from ..core.sampling import SamplingConfig, probs_from_logits, sample
+from ..core.sampling import SamplingConfig, sample_from_logits
 from ..core.target import (
     encode_prompt,
     eos_token_ids,
@@ -76,11 +76,14 @@ def answer_batch(
     settings: DistillSettings,
     eos: tuple[int, ...],
     generator: torch.Generator,
+    candidates: int = 256,
 ) -> list[list[int]]:
     """Sample one answer per prompt (ending at an EOS token, kept, or after ``max_new_tokens``).
 
     The prompts are left-padded into one pre-allocated cache; a row stops costing anything once it
-    has ended (rows are dropped from the cache whenever a quarter of them have finished).
+    has ended (rows are dropped from the cache whenever a quarter of them have finished). Each token
+    is drawn among the ``candidates`` most likely where they hold the nucleus
+    (:func:`..core.sampling.sample_from_logits`; the vocabulary size draws from the whole distribution).
     """
     sampling = SamplingConfig(settings.temperature, 0, settings.top_p)
     width, device = max(len(p) for p in prompts), model.device
@@ -97,7 +100,7 @@ def answer_batch(
     ended = torch.zeros(len(prompts), dtype=torch.bool)  # per cache row
     next_position = positions[:, -1] + 1
     for step in range(settings.max_new_tokens):
-        tokens = sample(probs_from_logits(logits, sampling), generator).cpu()
+        tokens = sample_from_logits(logits, sampling, generator, candidates).cpu()
         for row, (index, token) in enumerate(zip(live.tolist(), tokens.tolist())):
             if not ended[row]:
                 answers[index].append(token)

@@ -9,17 +9,26 @@ one (:func:`..data.distill.answer_batch`).
 
 from __future__ import annotations
 
+import argparse
+import os
+import random
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
 from transformers import PreTrainedModel
 
+from ..core.paths import RESULTS_DIR
+from ..core.prompts import load_prompt_set
+from ..core.provenance import machine_info, timestamp
+from ..core.target import DTYPES, encode_prompt, eos_token_ids, load_target
 from ..data.distill import DistillSettings, answer_batch
 from ..data.features import FeatureSpec, FeatureStore, target_features
+from ..data.training_set import DISTILL_PROMPTS
 from ..train.config import TrainConfig
 from ..train.drafters import TRAIN_PADDING, build_drafter_model, compute_loss, make_batch, step_anchors
 
@@ -56,19 +65,24 @@ def _generate_old(model: PreTrainedModel, prompts: list[list[int]], settings: Di
 
 def answering(models: dict[str, PreTrainedModel], prompts: list[list[int]], eos: tuple[int, ...],
               settings: DistillSettings = DistillSettings(), repeats: int = 3) -> pd.DataFrame:
-    """Response tokens per second: the old path in float32, and :func:`answer_batch` in every dtype of ``models``."""
+    """Response tokens per second: the old path in float32, :func:`answer_batch` drawing each token over the whole
+    vocabulary in float32 (before it drew among the 256 most likely), and :func:`answer_batch` in every dtype of
+    ``models``."""
     prompts = sorted(prompts, key=len)
 
-    def new(model: PreTrainedModel) -> Callable[[], int]:
+    def new(model: PreTrainedModel, candidates: int = 256) -> Callable[[], int]:
         def run() -> int:
             made = 0
             for start in range(0, len(prompts), settings.batch_size):
                 made += sum(map(len, answer_batch(model, prompts[start : start + settings.batch_size], settings, eos,
-                                                  torch.Generator().manual_seed(start))))
+                                                  torch.Generator().manual_seed(start), candidates)))
             return made
         return run
 
-    variants = {"model.generate, batch 32, float32 (before)": lambda: _generate_old(models["float32"], prompts, settings, eos)}
+    vocab = models["float32"].get_output_embeddings().weight.shape[0]
+    variants = {"model.generate, batch 32, float32 (before)": lambda: _generate_old(models["float32"], prompts, settings, eos),
+                f"answer_batch, batch {settings.batch_size}, float32, drawn over the whole vocabulary (before)":
+                    new(models["float32"], vocab)}
     variants.update({f"answer_batch, batch {settings.batch_size}, {dtype}": new(m) for dtype, m in models.items()})
     rates = median_rates(variants, repeats)
     return pd.DataFrame([{"stage": "answering", "variant": k, "unit": "response tokens/s", "rate": v} for k, v in rates.items()])
@@ -113,3 +127,43 @@ def training(model: PreTrainedModel, tokenizer, store: FeatureStore, rows: list[
     rates = median_rates({"float32": run(False), "bfloat16 autocast": run(True)}, repeats)
     return pd.DataFrame([{"stage": "training (dspark-markov)", "variant": k, "unit": "block tokens/s", "rate": v}
                          for k, v in rates.items()])
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """``python -m dspark_core.eval.throughput``: answering alone, on first turns of the distillation prompts
+    (a seeded sample), every path side by side; writes ``data/results/throughput-answering-<time>.csv``."""
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--prompts", type=int, default=128, help="first turns of data/prompts/distill.jsonl to answer")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=DistillSettings.batch_size)
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=sorted(DTYPES),
+                        help="answer_batch's dtypes (float32 is always measured: the older paths run in it)")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of every path; the median is kept")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="CSV path (default data/results/throughput-answering-<time>.csv)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_target()
+    models = {name: model if name == "float32" else load_target(dtype=DTYPES[name])[0]
+              for name in ["float32", *[d for d in args.dtypes if d != "float32"]]}
+    records = random.Random(args.seed).sample(load_prompt_set(DISTILL_PROMPTS), args.prompts)
+    prompts = [encode_prompt(tokenizer, r["turns"][0]).tolist() for r in records]
+    settings = DistillSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    rates = answering(models, prompts, eos_token_ids(model, tokenizer), settings, args.repeats)
+    rates["x first row of its stage"] = rates["rate"] / rates["rate"].iloc[0]
+    machine = machine_info()
+    rates = rates.assign(prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+                         load_average=round(os.getloadavg()[0], 2), cpu_model=machine["cpu_model"],
+                         cpu_units=machine["cpu_units"], torch_threads=machine["threads"], git_commit=machine["git_commit"])
+    out = Path(args.out) if args.out else RESULTS_DIR / f"throughput-answering-{timestamp()}.csv"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    rates.to_csv(out, index=False)
+    print(rates[["variant", "rate", "x first row of its stage"]].to_string(index=False))
+    print(f"wrote {out}")
+    return out
+
+
+if __name__ == "__main__":
+    main()
