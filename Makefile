@@ -108,12 +108,12 @@ DISTILLED = --sources distill $(SNAPSHOT) --steps 600 --save-every 60 --selectio
 # set, answered greedily by the float32 target; `dspark heldout`), never on the training split. These are
 # the runs measured, in data/drafters/smollm2-135m-instruct/recipe/<run> (train_meta.json, loss.csv and
 # selection-curve.csv are committed; the weights stay out of git). First a slice on 300k tokens at a time
-# (fixed ShareGPT text against the target's own answers); then, on every self-distilled answer (1.37M tokens,
+# (fixed ShareGPT text against the target's own answers); then, on every self-distilled answer of the 4-chunk snapshot (1.37M tokens,
 # 600 steps unless the line says otherwise), one change at a time from the 600-step dspark-markov recipe
 # (distill1m-600-layers2), and the baselines with their published losses and with DSpark's. Notebook 03
 # (section 5) tabulates the runs and their selection curves. About 24.5 hours of training steps on 2 cores
 # (summed from the runs' loss.csv, on the project's machines; plus the feature store, 1 to 1.2 hours, and the
-# selection checks); each run resumes where it stopped. Last, the 10M-token run: every distilled answer
+# selection checks); each run resumes where it stopped. Last, the 10M-token run: every distilled answer of the snapshot
 # (three times an epoch) and 9M tokens of fixed ShareGPT text, the target and the training in bfloat16
 # (its feature store, 10.4M tokens and 19 GB, took 4 h 21 min on two cores; the 1,000 steps about 80 min),
 # and its control, the same 1,000 steps on the distilled answers alone (store 25 min and steps 45 min on an
@@ -182,7 +182,7 @@ recipe: setup
 	$(BIN)/dspark heldout $(RECIPE)/* --dtype float32 --out data/results/recipe/heldout.csv
 
 # The shipped drafters for the default target, block 7, weights in float8, all trained on every self-distilled
-# answer (no fixed text); the target in float32 except for dspark-markov. dspark-markov: the commands that trained
+# answer of the 4-chunk snapshot (SNAPSHOT above; no fixed text); the target in float32 except for dspark-markov. dspark-markov: the commands that trained
 # the shipped one (MARKOV above: two layers, the anchor feature, shifted tilings, argmax CE labels, five fused layers,
 # position decay 4, target and training in bfloat16; 1,000 steps, then the two warm restarts, 1,000 and 300 steps;
 # about 2 h on 2 cores), then its calibration, greedy and at T=1 (README, "Training drafters"). dflash: DFlash's published cross-entropy, one layer, the same

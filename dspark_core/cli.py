@@ -266,10 +266,10 @@ def cmd_train(args: argparse.Namespace) -> None:
         val_fraction=args.val_fraction, seed=args.seed, save_every=args.save_every, lm_width=args.lm_width,
         bf16=args.autocast == "bfloat16" or (args.autocast == "auto" and native_bf16(args.device)), save_dtype=args.save_dtype,
     )
-    model, tokenizer = load_target(args.model, dtype=_serving_dtype(args.dtype, args.device), device=args.device)
     sources = tuple(args.sources.split(","))
     if args.distill_chunks is not None and "distill" not in sources:
         raise ValueError(f"--distill-chunks pins the self-distilled answers, but --sources {args.sources} has no distill")
+    model, tokenizer = load_target(args.model, dtype=_serving_dtype(args.dtype, args.device), device=args.device)
     sequences = training_sequences(tokenizer, sources, args.max_tokens, args.seed, args.fixed_tokens,
                                    distill_chunks=args.distill_chunks)
     print(f"training text: {len(sequences):,} sequences, {sequences.total_tokens:,} tokens, "

@@ -7,13 +7,13 @@ import json
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from dspark_core.eval.notebook import palette_figures, palette_png
 
-matplotlib = pytest.importorskip("matplotlib")
+matplotlib = pytest.importorskip("matplotlib")  # with Pillow: the dev extra
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from PIL import Image  # noqa: E402
 
 
 def _figure_png() -> bytes:

@@ -71,3 +71,23 @@ def test_sampling_among_candidates_is_seeded_and_greedy_is_the_argmax():
     first = sample_from_logits(logits, config, torch.Generator().manual_seed(3))
     assert torch.equal(first, sample_from_logits(logits, config, torch.Generator().manual_seed(3)))
     assert torch.equal(sample_from_logits(logits, SamplingConfig(0.0)), logits.argmax(-1))
+
+
+def test_a_batch_mixing_both_paths_draws_each_row_from_its_own_law():
+    # four distinct rows over 64 tokens, 8 candidates, interleaved 4,000 times: rows 0 and 2 hold their nucleus in
+    # their top 8 (each on other tokens), rows 1 and 3 do not (the whole-distribution path), so every batch mixes them
+    generator = torch.Generator().manual_seed(5)
+    peaked = torch.full((64,), 0.1 / 60).log()
+    peaked[:4] = torch.tensor([0.45, 0.25, 0.15, 0.05]).log()
+    rows = torch.stack([peaked[torch.randperm(64, generator=generator)], torch.randn(64, generator=generator) * 0.3,
+                        peaked[torch.randperm(64, generator=generator)], torch.randn(64, generator=generator) * 0.3])
+    config = SamplingConfig(1.0, top_p=0.8)
+    assert [bool(probs_from_logits(r, config).topk(8).values.sum() >= 0.8) for r in rows] == [True, False, True, False]
+    tokens = sample_from_logits(rows.repeat(4_000, 1), config, torch.Generator().manual_seed(0), candidates=8)
+    for r in range(4):
+        assert _chi_square_p(tokens[r::4], probs_from_logits(rows[r], config)) > 1e-3, f"row {r}"
+
+
+def test_sample_from_logits_wants_rows():
+    with pytest.raises(ValueError, match=r"logits \[N, V\]"):
+        sample_from_logits(torch.zeros(10), SamplingConfig(0.7, top_p=0.8))

@@ -362,8 +362,24 @@ def test_packing_appends_chunks_and_a_pinned_snapshot_never_changes(target, tmp_
     assert (out / "meta.json").read_text() == meta_text and len(list(out.glob("responses-*"))) == 2
     with pytest.raises(ValueError, match="--distill-chunks must be 1 to 2"):
         distill.load(tokenizer, out, chunks=3)
+    other = distill.DistillSettings(temperature=1.0, max_new_tokens=2, batch_size=4, chunk_size=2)
     with pytest.raises(ValueError, match="temperature"):
-        distill.pack(model, tokenizer, RECORDS, prompts, out, distill.DistillSettings(temperature=1.0, chunk_size=2))
+        distill.pack(model, tokenizer, RECORDS, prompts, out, other)
+    more = RECORDS + [{"id": "more", "domain": "chat", "turns": ["Say hi."]}]
+    with pytest.raises(ValueError, match="temperature"):  # refused before answering, not after
+        distill.generate(model, tokenizer, more, out, other)
+    assert not (out / "parts.jsonl").exists()
+
+
+def test_packing_nothing_and_an_old_meta_are_clear_errors(target, tmp_path):
+    model, tokenizer = target
+    prompts, out = _prompt_file(tmp_path), tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match="run `dspark data generate` first"):
+        distill.pack(model, tokenizer, RECORDS, prompts, out)
+    (out / "meta.json").write_text(json.dumps({"chunks": [], "ids": [], "turns": []}))
+    with pytest.raises(ValueError, match="before packing became append-only"):
+        distill.load(tokenizer, out)
 
 
 def test_train_refuses_a_distill_pin_without_distilled_text(tmp_path, capsys):

@@ -78,6 +78,19 @@ def _append(path: Path, text: str) -> None:
         _write_synced(handle, text)
 
 
+def replace_jsonl(path: Path, rows: list[dict]) -> None:
+    """Make ``path`` hold exactly ``rows`` (no file when there are none), atomically: the rows are written to a
+    synced temporary file beside it, which then replaces it, so a crash leaves the old file or the new one."""
+    path = Path(path)
+    if not rows:
+        path.unlink(missing_ok=True)
+        return
+    temporary = path.with_name(path.name + ".tmp")
+    with temporary.open("w") as handle:
+        _write_synced(handle, "".join(json.dumps(row) + "\n" for row in rows))
+    os.replace(temporary, path)
+
+
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     """Append ``rows`` as complete JSON lines, after cutting a torn last line, and sync them to disk."""
     path = Path(path)

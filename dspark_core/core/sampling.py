@@ -67,38 +67,42 @@ def nucleus(probs: torch.Tensor, top_p: float, candidates: int = 256) -> torch.T
     """
     flat = probs.reshape(-1, probs.shape[-1])
     keep = torch.zeros_like(flat, dtype=torch.bool)
-    k = min(candidates, flat.shape[-1])
-    values, order = flat.topk(k, dim=-1)
+    values, order = flat.topk(min(candidates, flat.shape[-1]), dim=-1)
     inside = values.sum(-1) >= top_p
     rows = inside.nonzero().squeeze(-1)
     if rows.numel():
-        keep[rows] = keep[rows].scatter(-1, order[rows], (values[rows].cumsum(-1) - values[rows]) < top_p)
+        keep[rows] = keep[rows].scatter(-1, order[rows], _kept(values[rows], top_p))
     rest = (~inside).nonzero().squeeze(-1)
     if rest.numel():
         values, order = flat[rest].sort(dim=-1, descending=True)
-        keep[rest] = keep[rest].scatter(-1, order, (values.cumsum(-1) - values) < top_p)
+        keep[rest] = keep[rest].scatter(-1, order, _kept(values, top_p))
     return keep.reshape(probs.shape)
+
+
+def _kept(ranked: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Of probabilities ranked in descending order ``[N, k]``: those whose predecessors hold less than ``top_p``."""
+    return (ranked.cumsum(-1) - ranked) < top_p
 
 
 def sample_from_logits(logits: torch.Tensor, config: SamplingConfig, generator: torch.Generator | None = None,
                        candidates: int = 256) -> torch.Tensor:
     """One token id per row of ``logits`` ``[N, V]`` (returns ``[N]``), drawn from
-    ``probs_from_logits(logits, config)`` without building that ``[N, V]`` distribution where top-p
-    allows: a row whose ``candidates`` most likely tokens hold at least ``top_p`` of the mass samples
-    among them (its nucleus lies inside them, :func:`nucleus`), from their exact probabilities; other
-    rows, greedy and top-k configs take the full distribution. Same law as
-    ``sample(probs_from_logits(...))``, a different random stream; for sampling many rows, as
+    ``probs_from_logits(logits, config)``, without renormalising and drawing over all ``V`` tokens where
+    top-p allows it: a row whose ``candidates`` most likely tokens hold at least ``top_p`` of the mass draws among
+    them (its nucleus, the same mask as :func:`nucleus` computes from the same probabilities); other
+    rows, greedy and top-k configs draw from the whole distribution. Same law as
+    ``sample(probs_from_logits(...))``, another random stream; for sampling many rows, as
     self-distillation does, where drawing over the whole vocabulary cost a fifth of a decoding step."""
+    if logits.dim() != 2:
+        raise ValueError(f"sample_from_logits takes logits [N, V], got shape {tuple(logits.shape)}")
     if config.greedy or config.top_k or config.top_p == 1.0 or candidates >= logits.shape[-1]:
         return sample(probs_from_logits(logits, config), generator)
-    scaled = logits.float() / config.temperature
-    values, order = scaled.topk(candidates, dim=-1)
-    probs = torch.exp(values - torch.logsumexp(scaled, dim=-1, keepdim=True))  # [N, candidates], of the whole row
-    inside = probs.sum(-1) >= config.top_p
-    kept = probs * ((probs.cumsum(-1) - probs) < config.top_p)
+    probs = torch.softmax(logits.float() / config.temperature, dim=-1)  # as probs_from_logits computes them
+    values, order = probs.topk(candidates, dim=-1)
+    inside = values.sum(-1) >= config.top_p
     tokens = torch.empty(len(logits), dtype=torch.long, device=logits.device)
     if inside.any():
-        picked = torch.multinomial(kept[inside], 1, generator=generator)
+        picked = torch.multinomial(values[inside] * _kept(values[inside], config.top_p), 1, generator=generator)
         tokens[inside] = order[inside].gather(-1, picked).squeeze(-1)
     if not inside.all():
         tokens[~inside] = sample(probs_from_logits(logits[~inside], config), generator)

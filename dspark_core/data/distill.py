@@ -33,7 +33,7 @@ from safetensors.numpy import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase, StaticCache
 
-from ..core.jsonl import append_jsonl, read_jsonl
+from ..core.jsonl import append_jsonl, read_jsonl, replace_jsonl
 from ..core.paths import REPO_ROOT
 from ..core.prompts import load_prompt_set
 from ..core.provenance import machine_info
@@ -146,8 +146,8 @@ def _answered(out_dir: Path) -> tuple[dict[tuple[str, int], list[int]], dict[tup
     """{(id, turn): answer} from the packed chunks and ``parts.jsonl``, and {(id, turn): the target's
     dtype when it answered} (a run may be resumed in another dtype: the fastest one differs by machine)."""
     done, dtypes = {}, {}
-    if (out_dir / "meta.json").is_file():
-        meta = json.loads((out_dir / "meta.json").read_text())
+    meta = _read_meta(out_dir)
+    if meta is not None:
         keys = list(zip(meta["ids"], meta["turns"]))
         done.update(zip(keys, _packed_answers(out_dir, meta)))
         dtypes.update(zip(keys, meta.get("dtypes") or [meta["target_dtype"]] * len(keys)))  # packed before dtypes were kept
@@ -167,6 +167,7 @@ def generate(
     """Answer every turn of every record with the target, resuming from what ``out_dir`` holds."""
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = out_dir / "parts.jsonl"
+    _check_same_inputs(out_dir, model, tokenizer, None, settings)  # before hours of answering, not at packing
     done, _ = _answered(out_dir)
     dtype = str(model.dtype).removeprefix("torch.")
     eos = eos_token_ids(model, tokenizer)
@@ -186,7 +187,7 @@ def generate(
             generator = torch.Generator(device=model.device).manual_seed(settings.seed * 1_000_003 + turn * 10_007 + batch_index)
             answers = answer_batch(model, [encoded[i] for i in todo], settings, eos, generator)
             batch = {asked[i]["id"]: answer for i, answer in zip(todo, answers)}
-            append_jsonl(parts, [{"turn": turn, "dtype": dtype, "answers": batch}])
+            append_jsonl(parts, [{"turn": turn, "dtype": dtype, "settings": asdict(settings), "answers": batch}])
             done.update({(i, turn): answer for i, answer in batch.items()})
             new_tokens += sum(len(a) for a in answers)
             bar.update(len(todo))
@@ -242,9 +243,7 @@ def pack(
     packed only when every earlier turn of its record is, so the first N chunks always rebuild their own
     prompts. Answers that cannot be packed yet stay in ``parts.jsonl``."""
     meta_path = out_dir / "meta.json"
-    old = json.loads(meta_path.read_text()) if meta_path.is_file() else None
-    if old is not None:
-        _check_same_run(old, model, tokenizer, prompt_file, settings, out_dir)
+    old = _check_same_inputs(out_dir, model, tokenizer, prompt_file, settings)
     done, dtypes = _answered(out_dir)
     packed = set(zip(old["ids"], old["turns"])) if old else set()
     new = []
@@ -254,6 +253,8 @@ def pack(
                 break
             if (r["id"], turn) not in packed:
                 new.append((r["id"], turn, r["domain"]))
+    if old is None and not new:
+        raise ValueError(f"Nothing in {out_dir} answers a turn of these records yet: run `dspark data generate` first.")
     vocab = model.get_output_embeddings().weight.shape[0]
     dtype = np.uint16 if vocab <= np.iinfo(np.uint16).max + 1 else np.int32
     chunks, chunk_answers = (old["chunks"], old["chunk_answers"]) if old else ([], [])
@@ -266,6 +267,7 @@ def pack(
         added.append(name)
         chunk_answers = chunk_answers + [len(part)]
     keys = (list(zip(old["ids"], old["turns"], old["domains"])) if old else []) + new
+    keyset = {(i, t) for i, t, _ in keys}
     key_dtypes = (old["dtypes"] if old else []) + [dtypes[(i, t)] for i, t, _ in new]
     answers = [done[(i, t)] for i, t, _ in keys]
     eos = list(eos_token_ids(model, tokenizer))
@@ -278,7 +280,7 @@ def pack(
         "settings": asdict(settings),
         "eos_token_ids": eos,
         "turns_total": sum(len(r["turns"]) for r in records),
-        "complete": len(keys) == sum(len(r["turns"]) for r in records),
+        "complete": all((r["id"], t) in keyset for r in records for t in range(1, len(r["turns"]) + 1)),
         **answer_counts([d for _, _, d in keys], key_dtypes, answers, eos),
         "chunks": chunks + added,
         "chunk_answers": chunk_answers,
@@ -291,37 +293,53 @@ def pack(
         "command": "dspark data generate && dspark data pack",
     }
     meta_path.write_text(json.dumps(meta, indent=1))
-    _keep_unpacked_parts(out_dir, set((i, t) for i, t, _ in keys))
+    _keep_unpacked_parts(out_dir, keyset)
     return meta_path
 
 
-def _check_same_run(old: dict, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, prompt_file: Path,
-                    settings: DistillSettings, out_dir: Path) -> None:
-    """New chunks extend the packed ones only when they answer the same prompts with the same target and
-    sampling settings; raises ValueError naming what differs."""
-    now = {"target_fingerprint": target_fingerprint(model, tokenizer), "prompt_file_sha256": file_sha256(prompt_file),
-           "settings": asdict(settings)}
-    differ = [f"{key} {old.get(key)!r} (packed) vs {value!r}" for key, value in now.items() if old.get(key) != value]
+def _read_meta(out_dir: Path) -> dict | None:
+    """``meta.json`` of ``out_dir`` (None when nothing is packed); raises ValueError for one written before
+    packing became append-only."""
+    path = out_dir / "meta.json"
+    if not path.is_file():
+        return None
+    meta = json.loads(path.read_text())
+    missing = [key for key in ("chunk_answers", "packs", "eos_token_ids") if key not in meta]
+    if missing:
+        raise ValueError(f"{path} was written before packing became append-only (no {', '.join(missing)}). Add them "
+                         "(chunk_answers: the answers of each chunk, its offsets less one; packs: [{chunks: every "
+                         "chunk, machine: its machine}]; eos_token_ids: the target's) or generate into another --out-dir.")
+    return meta
+
+
+def _check_same_inputs(out_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                       prompt_file: Path | None, settings: DistillSettings) -> dict | None:
+    """The packed ``meta.json`` (None when nothing is packed), after checking that what ``out_dir`` holds was
+    answered by this target with these sampling settings (and, when given, from this prompt file): new answers
+    extend it only then. Raises ValueError naming what differs."""
+    recorded = _read_meta(out_dir) or {}
+    now = {"target_fingerprint": target_fingerprint(model, tokenizer), "settings": asdict(settings)}
+    if prompt_file is not None:
+        now["prompt_file_sha256"] = file_sha256(prompt_file)
+    differ = [f"{key} {recorded[key]!r} (packed) vs {value!r}" for key, value in now.items()
+              if key in recorded and recorded[key] != value]
+    differ += [f"settings {batch['settings']!r} (parts.jsonl, turn {batch['turn']}) vs {now['settings']!r}"
+               for batch in read_jsonl(out_dir / "parts.jsonl") if batch.get("settings") != now["settings"]][:1]
     if differ:
-        raise ValueError(f"{out_dir} holds answers packed with other inputs: " + "; ".join(differ)
-                         + ". Pass the settings it was made with, or pack into another --out-dir.")
-    for key in ("chunk_answers", "packs"):
-        if key not in old:
-            raise ValueError(f"{out_dir}/meta.json predates append-only packing (no {key!r}); "
-                             "re-run `dspark data pack` with the code of that time, or pack into another --out-dir.")
+        raise ValueError(f"{out_dir} holds answers made with other inputs: " + "; ".join(differ)
+                         + ". Pass the settings they were made with, or use another --out-dir.")
+    return recorded or None
 
 
 def _keep_unpacked_parts(out_dir: Path, packed: set[tuple[str, int]]) -> None:
-    """Rewrite ``parts.jsonl`` with only the answers not packed (deleting it when none is left)."""
-    parts = out_dir / "parts.jsonl"
+    """Rewrite ``parts.jsonl`` with only the answers not packed (no file when none is left), atomically.
+    Not to run while ``generate`` appends to it."""
     rest = []
-    for batch in read_jsonl(parts):
+    for batch in read_jsonl(out_dir / "parts.jsonl"):
         answers = {i: a for i, a in batch["answers"].items() if (i, batch["turn"]) not in packed}
         if answers:
             rest.append({**batch, "answers": answers})
-    parts.unlink(missing_ok=True)
-    if rest:
-        append_jsonl(parts, rest)
+    replace_jsonl(out_dir / "parts.jsonl", rest)
 
 
 def _display_path(path: Path) -> str:
@@ -335,10 +353,9 @@ def load(tokenizer: PreTrainedTokenizerBase, out_dir: Path = DISTILL_DIR, chunks
     drafter learns is the answer): every chunk, or the first ``chunks`` (a snapshot that later packs
     leave unchanged; its counts in the sequences' meta are the snapshot's). Raises a clear error when
     the data is missing, inconsistent, or was made with another tokenizer or prompt file."""
-    meta_path = out_dir / "meta.json"
-    if not meta_path.is_file():
+    meta = _read_meta(out_dir)
+    if meta is None:
         raise FileNotFoundError(f"No distillation data in {out_dir}: run `dspark data generate` then `dspark data pack`.")
-    meta = json.loads(meta_path.read_text())
     if meta["tokenizer_fingerprint"] != tokenizer_fingerprint(tokenizer):
         raise ValueError(f"{out_dir} was made with another tokenizer (fingerprint {meta['tokenizer_fingerprint']}, "
                          f"this target's is {tokenizer_fingerprint(tokenizer)}); generate data for this target.")

@@ -64,10 +64,11 @@ def _generate_old(model: PreTrainedModel, prompts: list[list[int]], settings: Di
 
 
 def answering(models: dict[str, PreTrainedModel], prompts: list[list[int]], eos: tuple[int, ...],
-              settings: DistillSettings = DistillSettings(), repeats: int = 3) -> pd.DataFrame:
-    """Response tokens per second: the old path in float32, :func:`answer_batch` drawing each token over the whole
-    vocabulary in float32 (before it drew among the 256 most likely), and :func:`answer_batch` in every dtype of
-    ``models``."""
+              settings: DistillSettings = DistillSettings(), repeats: int = 3,
+              whole_vocabulary: bool = False) -> pd.DataFrame:
+    """Response tokens per second: the old path in float32, then (``whole_vocabulary``) :func:`answer_batch` in
+    float32 drawing each token over the whole vocabulary, as it did before it drew among the 256 most likely,
+    then :func:`answer_batch` in every dtype of ``models``."""
     prompts = sorted(prompts, key=len)
 
     def new(model: PreTrainedModel, candidates: int = 256) -> Callable[[], int]:
@@ -79,10 +80,11 @@ def answering(models: dict[str, PreTrainedModel], prompts: list[list[int]], eos:
             return made
         return run
 
-    vocab = models["float32"].get_output_embeddings().weight.shape[0]
-    variants = {"model.generate, batch 32, float32 (before)": lambda: _generate_old(models["float32"], prompts, settings, eos),
-                f"answer_batch, batch {settings.batch_size}, float32, drawn over the whole vocabulary (before)":
-                    new(models["float32"], vocab)}
+    variants = {"model.generate, batch 32, float32 (before)": lambda: _generate_old(models["float32"], prompts, settings, eos)}
+    if whole_vocabulary:
+        vocab = models["float32"].get_output_embeddings().weight.shape[0]
+        variants[f"answer_batch, batch {settings.batch_size}, float32, drawn over the whole vocabulary (before)"] = \
+            new(models["float32"], vocab)
     variants.update({f"answer_batch, batch {settings.batch_size}, {dtype}": new(m) for dtype, m in models.items()})
     rates = median_rates(variants, repeats)
     return pd.DataFrame([{"stage": "answering", "variant": k, "unit": "response tokens/s", "rate": v} for k, v in rates.items()])
@@ -143,15 +145,18 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="CSV path (default data/results/throughput-answering-<time>.csv)")
     args = parser.parse_args(argv)
+    records = load_prompt_set(DISTILL_PROMPTS)
+    if not 1 <= args.prompts <= len(records):
+        parser.error(f"--prompts must be 1 to {len(records)} (the records of {DISTILL_PROMPTS.name}), got {args.prompts}")
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_target()
     models = {name: model if name == "float32" else load_target(dtype=DTYPES[name])[0]
               for name in ["float32", *[d for d in args.dtypes if d != "float32"]]}
-    records = random.Random(args.seed).sample(load_prompt_set(DISTILL_PROMPTS), args.prompts)
+    records = random.Random(args.seed).sample(records, args.prompts)
     prompts = [encode_prompt(tokenizer, r["turns"][0]).tolist() for r in records]
     settings = DistillSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
-    rates = answering(models, prompts, eos_token_ids(model, tokenizer), settings, args.repeats)
+    rates = answering(models, prompts, eos_token_ids(model, tokenizer), settings, args.repeats, whole_vocabulary=True)
     rates["x first row of its stage"] = rates["rate"] / rates["rate"].iloc[0]
     machine = machine_info()
     rates = rates.assign(prompts=args.prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
