@@ -150,7 +150,7 @@ def _answered(out_dir: Path) -> tuple[dict[tuple[str, int], list[int]], dict[tup
     if meta is not None:
         keys = list(zip(meta["ids"], meta["turns"]))
         done.update(zip(keys, _packed_answers(out_dir, meta)))
-        dtypes.update(zip(keys, meta.get("dtypes") or [meta["target_dtype"]] * len(keys)))  # packed before dtypes were kept
+        dtypes.update(zip(keys, meta["dtypes"]))
     for batch in read_jsonl(out_dir / "parts.jsonl"):  # one line per batch: a batch is saved whole or not at all
         done.update({(i, batch["turn"]): answer for i, answer in batch["answers"].items()})
         dtypes.update({(i, batch["turn"]): batch["dtype"] for i in batch["answers"]})
@@ -285,7 +285,7 @@ def pack(
         "chunks": chunks + added,
         "chunk_answers": chunk_answers,
         "packs": packs,  # which pack wrote which chunks, on which machine
-        "machine": packs[-1]["machine"] if packs else machine_info(),  # of the last pack that wrote chunks
+        "machine": packs[-1]["machine"],  # of the last pack that wrote chunks (pack refuses to write none)
         "ids": [i for i, _, _ in keys],
         "turns": [t for _, t, _ in keys],
         "domains": [d for _, _, d in keys],
