@@ -142,16 +142,29 @@ def turn_messages(record: dict, turn: int, answers: dict[tuple[str, int], list[i
     return messages + [{"role": "user", "content": record["turns"][turn - 1]}]
 
 
-def _answered(out_dir: Path) -> tuple[dict[tuple[str, int], list[int]], dict[tuple[str, int], str]]:
+@dataclass(frozen=True)
+class _Stored:
+    """What an answers folder holds, read once: its packed ``meta.json`` (None when nothing is packed) and the
+    batches of ``parts.jsonl`` not packed yet (one line per batch: a batch is saved whole or not at all)."""
+
+    out_dir: Path
+    meta: dict | None
+    parts: list[dict]
+
+
+def _read_stored(out_dir: Path) -> _Stored:
+    return _Stored(out_dir, _read_meta(out_dir), read_jsonl(out_dir / "parts.jsonl"))
+
+
+def _answered(stored: _Stored) -> tuple[dict[tuple[str, int], list[int]], dict[tuple[str, int], str]]:
     """{(id, turn): answer} from the packed chunks and ``parts.jsonl``, and {(id, turn): the target's
     dtype when it answered} (a run may be resumed in another dtype: the fastest one differs by machine)."""
     done, dtypes = {}, {}
-    meta = _read_meta(out_dir)
-    if meta is not None:
-        keys = list(zip(meta["ids"], meta["turns"]))
-        done.update(zip(keys, _packed_answers(out_dir, meta)))
-        dtypes.update(zip(keys, meta["dtypes"]))
-    for batch in read_jsonl(out_dir / "parts.jsonl"):  # one line per batch: a batch is saved whole or not at all
+    if stored.meta is not None:
+        keys = list(zip(stored.meta["ids"], stored.meta["turns"]))
+        done.update(zip(keys, _packed_answers(stored.out_dir, stored.meta)))
+        dtypes.update(zip(keys, stored.meta["dtypes"]))
+    for batch in stored.parts:
         done.update({(i, batch["turn"]): answer for i, answer in batch["answers"].items()})
         dtypes.update({(i, batch["turn"]): batch["dtype"] for i in batch["answers"]})
     return done, dtypes
@@ -167,8 +180,9 @@ def generate(
     """Answer every turn of every record with the target, resuming from what ``out_dir`` holds."""
     out_dir.mkdir(parents=True, exist_ok=True)
     parts = out_dir / "parts.jsonl"
-    _check_same_inputs(out_dir, model, tokenizer, None, settings)  # before hours of answering, not at packing
-    done, _ = _answered(out_dir)
+    stored = _read_stored(out_dir)
+    _check_same_inputs(stored, model, tokenizer, None, settings)  # before hours of answering, not at packing
+    done, _ = _answered(stored)
     dtype = str(model.dtype).removeprefix("torch.")
     eos = eos_token_ids(model, tokenizer)
     total = sum(len(r["turns"]) for r in records)
@@ -243,8 +257,10 @@ def pack(
     packed only when every earlier turn of its record is, so the first N chunks always rebuild their own
     prompts. Answers that cannot be packed yet stay in ``parts.jsonl``."""
     meta_path = out_dir / "meta.json"
-    old = _check_same_inputs(out_dir, model, tokenizer, prompt_file, settings)
-    done, dtypes = _answered(out_dir)
+    stored = _read_stored(out_dir)
+    _check_same_inputs(stored, model, tokenizer, prompt_file, settings)
+    old = stored.meta
+    done, dtypes = _answered(stored)
     packed = set(zip(old["ids"], old["turns"])) if old else set()
     new = []
     for r in records:
@@ -293,7 +309,7 @@ def pack(
         "command": "dspark data generate && dspark data pack",
     }
     meta_path.write_text(json.dumps(meta, indent=1))
-    _keep_unpacked_parts(out_dir, keyset)
+    _keep_unpacked_parts(stored, keyset)
     return meta_path
 
 
@@ -312,34 +328,32 @@ def _read_meta(out_dir: Path) -> dict | None:
     return meta
 
 
-def _check_same_inputs(out_dir: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                       prompt_file: Path | None, settings: DistillSettings) -> dict | None:
-    """The packed ``meta.json`` (None when nothing is packed), after checking that what ``out_dir`` holds was
-    answered by this target with these sampling settings (and, when given, from this prompt file): new answers
-    extend it only then. Raises ValueError naming what differs."""
-    recorded = _read_meta(out_dir) or {}
+def _check_same_inputs(stored: _Stored, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                       prompt_file: Path | None, settings: DistillSettings) -> None:
+    """Check that what the folder holds was answered by this target with these sampling settings (and, when
+    given, from this prompt file): new answers extend it only then. Raises ValueError naming what differs."""
+    recorded = stored.meta or {}
     now = {"target_fingerprint": target_fingerprint(model, tokenizer), "settings": asdict(settings)}
     if prompt_file is not None:
         now["prompt_file_sha256"] = file_sha256(prompt_file)
     differ = [f"{key} {recorded[key]!r} (packed) vs {value!r}" for key, value in now.items()
               if key in recorded and recorded[key] != value]
     differ += [f"settings {batch['settings']!r} (parts.jsonl, turn {batch['turn']}) vs {now['settings']!r}"
-               for batch in read_jsonl(out_dir / "parts.jsonl") if batch.get("settings") != now["settings"]][:1]
+               for batch in stored.parts if batch.get("settings") != now["settings"]][:1]
     if differ:
-        raise ValueError(f"{out_dir} holds answers made with other inputs: " + "; ".join(differ)
+        raise ValueError(f"{stored.out_dir} holds answers made with other inputs: " + "; ".join(differ)
                          + ". Pass the settings they were made with, or use another --out-dir.")
-    return recorded or None
 
 
-def _keep_unpacked_parts(out_dir: Path, packed: set[tuple[str, int]]) -> None:
-    """Rewrite ``parts.jsonl`` with only the answers not packed (no file when none is left), atomically.
-    Not to run while ``generate`` appends to it."""
+def _keep_unpacked_parts(stored: _Stored, packed: set[tuple[str, int]]) -> None:
+    """Rewrite ``parts.jsonl`` with only the answers of ``stored.parts`` not packed (no file when none is left),
+    atomically. Not to run while ``generate`` appends to it."""
     rest = []
-    for batch in read_jsonl(out_dir / "parts.jsonl"):
+    for batch in stored.parts:
         answers = {i: a for i, a in batch["answers"].items() if (i, batch["turn"]) not in packed}
         if answers:
             rest.append({**batch, "answers": answers})
-    replace_jsonl(out_dir / "parts.jsonl", rest)
+    replace_jsonl(stored.out_dir / "parts.jsonl", rest)
 
 
 def _display_path(path: Path) -> str:
