@@ -10,7 +10,7 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     """p-value of ``counts`` (draws per cell, shape [cells]) against ``probs`` (the law over the same cells).
 
     A draw in a zero-probability cell fails at once (no p-value can excuse it). Cells expected to hold fewer than 5
-    draws are pooled into one, as the test requires; the expected counts are scaled to the draws observed.
+    draws are pooled into one, as the test requires.
     """
     counts, probs = np.asarray(counts, dtype=float), np.asarray(probs, dtype=float)
     assert counts.shape == probs.shape, f"{counts.shape} counts vs {probs.shape} probabilities"
@@ -22,4 +22,4 @@ def chi_square_p(counts: np.ndarray, probs: np.ndarray) -> float:
     if small.any():
         observed = np.append(observed[~small], observed[small].sum())
         expected = np.append(expected[~small], expected[small].sum())
-    return float(chisquare(observed, expected * observed.sum() / expected.sum()).pvalue)
+    return float(chisquare(observed, expected).pvalue)  # both sum to the draws: pooling keeps the totals
